@@ -1,0 +1,3 @@
+from llmbench.harness.cli import main
+
+main()

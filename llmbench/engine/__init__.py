@@ -1,0 +1,1 @@
+"""The built-in inference engine: config, weights, tokenizer, model, KV cache, sampling."""

@@ -1,0 +1,264 @@
+"""`LLMEngine`: load a model, accept requests, and step them to completion.
+
+Each `step()` asks the scheduler for a batch, runs it as one forward pass, appends the sampled
+tokens, checks stops, and returns a `RequestOutput` per request that advanced, stamped with
+`perf_counter_ns()` once the tokens are on the host. A `StepRecord` per step is kept in
+`step_records` for the roofline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from llmbench.engine.kv_cache import BlockManager, blocks_for
+from llmbench.engine.model import LlamaModel
+from llmbench.engine.paged_attention import KVCache
+from llmbench.engine.records import RequestOutput, StepRecord
+from llmbench.engine.runner import ModelRunner
+from llmbench.engine.sampling import SamplingParams, StopStringMatcher, check_stop, make_generator
+from llmbench.engine.scheduler import Scheduler, SchedulerConfig
+from llmbench.engine.sequence import Sequence
+from llmbench.engine.tokenizer import IncrementalDetokenizer
+from llmbench.engine.weights import check_tensors, open_weights, parse_dtype
+from llmbench.errors import UserError
+
+_DEFAULT_CPU_KV_BYTES = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    dtype: str = "float32"
+    device: str = "auto"  # auto | cpu | cuda
+    block_size: int = 16
+    # KV cache size: bytes (> 1) or a fraction of free device memory (<= 1); None = default
+    # (2 GiB on CPU, 90% of what the weights leave free on a GPU), capped at what
+    # max_num_seqs full-length contexts could use.
+    kv_cache_memory: float | None = None
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    num_threads: int | None = None  # CPU threads; None keeps torch's default
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise UserError(f"engine: block_size must be > 0, got {self.block_size}")
+        if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
+            raise UserError("engine: max_num_batched_tokens and max_num_seqs must be > 0")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"engine: device must be auto, cpu or cuda, got '{self.device}'")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("device 'cuda': no CUDA device is visible; use --device cpu")
+    return torch.device(name)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)
+        self.dtype = parse_dtype(config.dtype)
+        source = open_weights(config.model)
+        self.source_description = source.description
+        self.model_config = source.config
+        self.tokenizer = source.tokenizer()
+        t0 = time.perf_counter_ns()
+        weights = source.load(self.dtype, self.device)
+        check_tensors(weights, self.model_config, source.description)
+        self.model = LlamaModel(self.model_config, weights)
+        del weights
+        self.load_ms = (time.perf_counter_ns() - t0) / 1e6
+        self.kv_cache = KVCache(
+            self.model_config.num_layers,
+            self._num_kv_blocks(),
+            config.block_size,
+            self.model_config.num_kv_heads,
+            self.model_config.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.blocks = BlockManager(self.kv_cache.num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs), self.blocks
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.step_records: list[StepRecord] = []
+        self._sequences: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    def _num_kv_blocks(self) -> int:
+        cfg = self.config
+        bytes_per_block = self.model_config.kv_bytes_per_token(self.dtype.itemsize) * cfg.block_size
+        budget = cfg.kv_cache_memory
+        if budget is None:
+            if self.device.type == "cuda":
+                budget = 0.9 * torch.cuda.mem_get_info(self.device)[0]
+            else:
+                budget = _DEFAULT_CPU_KV_BYTES
+        elif budget <= 1:
+            if self.device.type != "cuda":
+                raise UserError("engine: a fractional kv_cache_memory needs a GPU; give bytes")
+            budget = budget * torch.cuda.mem_get_info(self.device)[0]
+        max_useful = cfg.max_num_seqs * blocks_for(
+            self.model_config.max_position_embeddings, cfg.block_size
+        )
+        num_blocks = min(int(budget // bytes_per_block), max_useful)
+        if num_blocks < 1:
+            raise UserError(
+                f"engine: kv_cache_memory {budget:.0f} bytes holds no block of "
+                f"{bytes_per_block} bytes; raise it"
+            )
+        return num_blocks
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self, prompt: str | Seq[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        """Queue a request (text is tokenized without a chat template); returns its id."""
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not prompt_ids:
+            raise UserError("request: the prompt is empty")
+        max_context = self.model_config.max_position_embeddings
+        if len(prompt_ids) + params.max_tokens > max_context:
+            raise UserError(
+                f"request: prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                f"exceeds the model's context window of {max_context} tokens; shorten the prompt "
+                f"or lower max_tokens"
+            )
+        blocks_needed = blocks_for(len(prompt_ids) + params.max_tokens, self.config.block_size)
+        if blocks_needed > self.blocks.num_blocks:
+            raise UserError(
+                f"request: needs {blocks_needed} KV blocks, the cache has "
+                f"{self.blocks.num_blocks}; raise kv_cache_memory or shorten the request"
+            )
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+        if request_id in self._sequences:
+            raise UserError(f"request: id '{request_id}' is already in use")
+        seq = Sequence(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            params=params,
+            generator=make_generator(params.seed, self.device),
+            detokenizer=IncrementalDetokenizer(self.tokenizer),
+            stop_matcher=StopStringMatcher(params.stop),
+            arrival_ns=time.perf_counter_ns(),
+        )
+        self._sequences[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        seq = self._sequences.pop(request_id, None)
+        if seq is not None:
+            seq.finish_reason = "abort"
+            self.scheduler.finish(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- stepping -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        t_start = time.perf_counter_ns()
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        num_prefill_tokens = sum(
+            item.num_new_tokens
+            for item in plan.scheduled
+            if item.seq.num_computed_tokens < item.seq.num_prompt_tokens
+        )
+        tokens = iter(self.runner.execute(plan.scheduled))
+        t_end = time.perf_counter_ns()  # tokens are on the host: the step is done
+        outputs = []
+        num_decode_seqs = 0
+        for item in plan.scheduled:
+            seq = item.seq
+            num_decode_seqs += (
+                item.num_new_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+            )
+            needs_token = item.needs_logits  # read before the counter moves
+            seq.num_computed_tokens += item.num_new_tokens
+            if needs_token:
+                outputs.append(self._append_token(seq, next(tokens), t_end))
+        self.step_records.append(
+            StepRecord(
+                t_start_ns=t_start,
+                t_end_ns=t_end,
+                num_prefill_tokens=num_prefill_tokens,
+                num_decode_seqs=num_decode_seqs,
+                context_lens=tuple(item.seq.num_computed_tokens for item in plan.scheduled),
+                num_cached_tokens=0,
+                num_blocks_used=self.blocks.num_used_blocks,
+                num_blocks_total=self.blocks.num_blocks,
+                num_preempted=plan.num_preempted,
+            )
+        )
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, t_ns: int) -> RequestOutput:
+        seq.token_ids.append(token)
+        reason = check_stop(token, seq.num_output_tokens, seq.params, self.tokenizer.eos_token_ids)
+        text = ""
+        if reason != "stop":  # a stop token is not part of the text
+            text, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.push(token))
+            if hit_stop_string:
+                reason = "stop"
+            elif reason is not None:  # finished by length: release text held back so far
+                tail, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.flush())
+                text += tail if hit_stop_string else tail + seq.stop_matcher.flush()
+        if reason is not None:
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+            del self._sequences[seq.request_id]
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=(token,),
+            new_text=text,
+            t_ns=t_ns,
+            finished=reason is not None,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    # -- convenience ----------------------------------------------------------------------
+
+    def stream(self, prompt: str | Seq[int], params: SamplingParams) -> Iterator[RequestOutput]:
+        """Run one request to completion alone, yielding its outputs as tokens arrive."""
+        request_id = self.add_request(prompt, params)
+        try:
+            while True:
+                for out in self.step():
+                    if out.request_id == request_id:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.abort(request_id)
+
+    def generate(
+        self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams]
+    ) -> list[list[int]]:
+        """Offline batch: run all prompts together; returns each one's generated token ids."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        while self.has_unfinished():
+            for out in self.step():
+                tokens[out.request_id] += out.new_token_ids
+        return [tokens[i] for i in ids]

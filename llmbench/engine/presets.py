@@ -1,0 +1,93 @@
+"""Shapes of real models, so any size can be benchmarked (`synthetic:<name>`) or costed offline.
+
+Numbers are copied from each model's published `config.json`.
+"""
+
+from __future__ import annotations
+
+from llmbench.engine.config import ModelConfig, RopeScaling
+
+_LLAMA31_ROPE = RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+_LLAMA32_ROPE = RopeScaling(
+    factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+
+PRESETS: dict[str, ModelConfig] = {
+    # A toy for tests and smoke runs: every code path, milliseconds per step.
+    "tiny": ModelConfig(
+        vocab_size=512,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    ),
+    "smollm2-135m": ModelConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    ),
+    "llama-3.2-1b": ModelConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA32_ROPE,
+        tie_word_embeddings=True,
+    ),
+    "llama-3.1-8b": ModelConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA31_ROPE,
+    ),
+    "qwen2.5-7b": ModelConfig(
+        vocab_size=152064,
+        hidden_size=3584,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=18944,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        qkv_bias=True,
+    ),
+    "llama-3.1-70b": ModelConfig(
+        vocab_size=128256,
+        hidden_size=8192,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA31_ROPE,
+    ),
+}

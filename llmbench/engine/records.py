@@ -1,0 +1,34 @@
+"""What the engine hands the harness: a record per engine step and an event per new token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One forward pass. Times are `time.perf_counter_ns()`, taken with the results on the host."""
+
+    t_start_ns: int
+    t_end_ns: int
+    num_prefill_tokens: int  # tokens of sequences that were still in their prompt
+    num_decode_seqs: int  # sequences that ran exactly one token past their prompt
+    context_lens: tuple[int, ...]  # every scheduled sequence's context after the step
+    num_cached_tokens: int  # prompt tokens served from the prefix cache this step
+    num_blocks_used: int
+    num_blocks_total: int
+    num_preempted: int
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """New tokens of one request from one step (empty when a chunked prefill made no token)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    t_ns: int
+    finished: bool
+    finish_reason: str | None  # "stop", "length", "abort" once finished
+    num_prompt_tokens: int
+    num_cached_tokens: int

@@ -1,0 +1,272 @@
+"""Per-request sampling: settings, the batched sampler, stop strings and finish decisions.
+
+The engine's forward pass ends in logits `[B, V]`, one row per running request. `sample` turns
+them into one token id per row, honouring each row's own `SamplingParams` and `torch.Generator`
+(so a seeded request draws the same tokens whatever else is in the batch). After the token is
+detokenized, `StopStringMatcher` decides what text may be streamed and `check_stop` decides
+whether the request is finished.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+import torch
+
+from llmbench.errors import UserError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Generation settings of one request (vLLM's names and meanings).
+
+    Filters apply in this order: temperature, top-k, top-p, min-p. `temperature == 0` means
+    greedy decoding, in which case the filters and `seed` are ignored.
+    """
+
+    max_tokens: int = 16
+    """Most tokens to generate (>= 1); reaching it finishes the request with reason "length"."""
+    temperature: float = 1.0
+    """Logits are divided by it before softmax (>= 0; 0 means greedy argmax)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Keep the smallest set of most likely tokens whose probability sums to >= top_p (0, 1]."""
+    min_p: float = 0.0
+    """Drop tokens less likely than min_p times the most likely token's probability [0, 1]."""
+    seed: int | None = None
+    """Seed of the request's own generator; None draws one from torch's global RNG."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends before the first occurrence, which is not emitted."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end generation like EOS (the token itself is generated)."""
+    ignore_eos: bool = False
+    """Keep generating past the model's EOS tokens (benchmarks use it to fix output length)."""
+
+    def __post_init__(self) -> None:
+        # Lists (from YAML/JSON) become tuples so the dataclass stays hashable and immutable;
+        # a lone string is one stop string, not a sequence of one-character stop strings.
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            _reject("max_tokens", self.max_tokens, "must be an integer >= 1")
+        if not _is_real(self.temperature) or not self.temperature >= 0:
+            _reject("temperature", self.temperature, "must be >= 0")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            _reject("top_k", self.top_k, "must be 0 (off) or an integer >= 1")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            _reject("top_p", self.top_p, "must be in (0, 1]")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            _reject("min_p", self.min_p, "must be in [0, 1]")
+        if self.seed is not None and not _is_int(self.seed):
+            _reject("seed", self.seed, "must be an integer or null")
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                _reject("stop", s, "entries must be non-empty strings")
+        for token_id in self.stop_token_ids:
+            if not _is_int(token_id) or token_id < 0:
+                _reject("stop_token_ids", token_id, "entries must be integers >= 0")
+        if not isinstance(self.ignore_eos, bool):
+            _reject("ignore_eos", self.ignore_eos, "must be true or false")
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the next token is the argmax of the logits (temperature 0)."""
+        return self.temperature == 0
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but `top_k: true` in a YAML file is a mistake, not 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    # NaN and inf fail every range check below only by accident; reject them by name.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _reject(field: str, value: object, allowed: str) -> NoReturn:
+    raise UserError(f"sampling: {field} {allowed}, got {value!r}")
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """Create a request's generator once, at admission; `sample` then draws from it every step.
+
+    An unseeded request gets a seed drawn from torch's global RNG, so it still samples, and a run
+    that calls `torch.manual_seed` up front is reproducible end to end. `device` must be the
+    device the logits live on (torch refuses a CPU generator for CUDA tensors).
+    """
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """Pick one token per row: argmax for greedy rows, a filtered random draw for the others.
+
+    logits: `[B, V]`, any float dtype (the maths runs in float32). `params[i]` and
+    `generators[i]` belong to row i; a greedy row's generator is unused, and a sampled row with
+    generator None draws from torch's global RNG. Returns `[B]` int64 token ids.
+    """
+    batch_size = logits.shape[0]
+    if len(params) != batch_size or len(generators) != batch_size:
+        raise ValueError(
+            f"sample: got {batch_size} logit rows, {len(params)} params, "
+            f"{len(generators)} generators"
+        )
+    # Greedy decoding is the common benchmark setting: one argmax kernel, no sort, no softmax.
+    # argmax is exact in any dtype, so it skips the float32 copy too.
+    token_ids = logits.argmax(dim=-1)  # [B]
+    sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+    if not sampled_rows:
+        return token_ids
+
+    for i in sampled_rows:
+        generator = generators[i]
+        if generator is not None and generator.device != logits.device:
+            # torch's own error is cryptic; this one says where the generator should come from.
+            raise ValueError(
+                f"sample: row {i}'s generator is on {generator.device} but the logits are on "
+                f"{logits.device}; create it with make_generator(seed, device=logits.device)"
+            )
+    rows = torch.tensor(sampled_rows, device=logits.device)
+    probs = sampling_probs(logits[rows], [params[i] for i in sampled_rows])  # [S, V]
+    for j, i in enumerate(sampled_rows):
+        # One multinomial per row because each request has its own generator. The id is written
+        # on the device, with no .item(), so the loop adds no host read of its own.
+        token_ids[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+    return token_ids
+
+
+def sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Probabilities `sample` draws from: softmax(logits / T) after top-k, top-p and min-p.
+
+    logits: `[S, V]` for non-greedy rows only. Returns `[S, V]` float32; dropped tokens are
+    exactly 0 and the kept ones are proportional to softmax(logits / T) (min-p leaves the rows
+    unnormalised, which `torch.multinomial` accepts).
+    """
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    x = logits.float() / temperature[:, None]  # [S, V]
+
+    # Sorting the vocabulary is the expensive step (V ~ 128k); skip it unless a row needs it.
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):
+        top_k = torch.tensor([p.top_k for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        x = x.masked_fill(_top_k_top_p_mask(x, top_k, top_p), -math.inf)
+
+    probs = torch.softmax(x, dim=-1)  # [S, V]
+    if any(p.min_p > 0 for p in params):
+        # The ratio to the top probability is the same before and after top-k/top-p renormalise,
+        # so filtering these probabilities is filtering the ones top-p left.
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # [S, 1]
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
+def _top_k_top_p_mask(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """True where top-k (0 = off) or top-p drops the token; x: `[S, V]`, returns `[S, V]` bool."""
+    vocab_size = x.shape[-1]
+    # Stable, so tied logits rank lowest id first, matching argmax's tie-break.
+    sorted_x, sorted_ids = x.sort(dim=-1, descending=True, stable=True)  # [S, V] each
+    rank = torch.arange(vocab_size, device=x.device)  # [V]
+    k = torch.where(top_k > 0, top_k, vocab_size)  # [S]
+    drop = rank[None, :] >= k[:, None]  # [S, V], in sorted order
+
+    sorted_probs = torch.softmax(sorted_x.masked_fill(drop, -math.inf), dim=-1)
+    # A token is kept while the tokens ranked above it sum to < top_p: this keeps the smallest
+    # set reaching top_p, and always rank 0 (its prefix sum is 0 < top_p).
+    cumulative = sorted_probs.cumsum(dim=-1)
+    mass_above = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=-1)
+    # top_p == 1 is "off": float rounding could otherwise push mass_above to 1 and cut the tail.
+    drop |= (mass_above >= top_p[:, None]) & (top_p[:, None] < 1)
+
+    # Back to vocabulary order: sorted position j holds token sorted_ids[:, j].
+    return torch.empty_like(drop).scatter_(-1, sorted_ids, drop)
+
+
+class StopStringMatcher:
+    """Finds stop strings in streamed text, even when one is split across token deltas.
+
+    `push` returns only text that cannot be the start of a stop string; a suffix that might be
+    is held back until the next delta settles it. With no stop strings, text passes straight
+    through.
+    """
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self._stop = tuple(stop)
+        self._held = ""  # a suffix of the stream that is a proper prefix of some stop string
+        self._is_stopped = False
+
+    @property
+    def is_stopped(self) -> bool:
+        """True once a stop string was found; later pushes emit nothing."""
+        return self._is_stopped
+
+    def push(self, text_delta: str) -> tuple[str, bool]:
+        """Add newly decoded text; return (text safe to emit now, whether a stop string hit).
+
+        On a hit the returned text ends just before the stop string; the stop string and
+        anything after it are never emitted.
+        """
+        if self._is_stopped:
+            return "", True
+        if not self._stop:
+            return text_delta, False
+        text = self._held + text_delta
+        # The held text contains no whole stop string (it would have hit last time), so any
+        # match found here is new; the earliest start wins when several stop strings match.
+        starts = [start for s in self._stop if (start := text.find(s)) >= 0]
+        if starts:
+            self._held = ""
+            self._is_stopped = True
+            return text[: min(starts)], True
+        num_held = max(_longest_suffix_prefix(text, s) for s in self._stop)
+        self._held = text[len(text) - num_held :]
+        return text[: len(text) - num_held], False
+
+    def flush(self) -> str:
+        """Release the held-back text when generation ends without a stop string."""
+        held, self._held = self._held, ""
+        return held
+
+
+def _longest_suffix_prefix(text: str, stop: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `stop` (0 if none)."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def check_stop(
+    token_id: int,
+    num_generated: int,
+    params: SamplingParams,
+    eos_token_ids: Collection[int],
+) -> str | None:
+    """Finish reason after generating `token_id`, the `num_generated`-th output token, or None.
+
+    "stop": the token is EOS (unless `ignore_eos`) or one of `stop_token_ids`; it takes
+    precedence over "length": `num_generated >= max_tokens`. Stop strings are found by
+    `StopStringMatcher` and also finish with "stop".
+    """
+    if token_id in params.stop_token_ids:
+        return "stop"
+    if not params.ignore_eos and token_id in eos_token_ids:
+        return "stop"
+    if num_generated >= params.max_tokens:
+        return "length"
+    return None

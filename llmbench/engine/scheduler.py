@@ -1,0 +1,104 @@
+"""Which sequences run in the next step, and how many of their tokens.
+
+Counters, not modes: every sequence has `num_tokens` and `num_computed_tokens`, and the step
+runs up to their difference. Running sequences go first (a decode is one token), then waiting
+ones are admitted with what is left of the token budget, so long prompts are prefilled in
+chunks. When the cache has no free block, the newest running sequence is preempted: its blocks
+are freed and it is recomputed later (its generated tokens become part of what it re-prefills).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from llmbench.engine.kv_cache import BlockManager
+from llmbench.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048  # tokens per step, prefill chunks + decodes
+    max_num_seqs: int = 64  # sequences per step
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def needs_logits(self) -> bool:
+        """True when this chunk reaches the end of the sequence: a new token follows it."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]
+    num_preempted: int
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager):
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[Sequence, int] = {}  # insertion-ordered: the batch order
+        num_preempted = 0
+        # Decodes (one token left) before running prefill chunks; stable, so FIFO within each.
+        for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
+            if seq not in self.running:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n == 0:
+                continue
+            needed = seq.num_computed_tokens + n
+            while not self.blocks.can_allocate(seq.block_table, needed):
+                victim = self.running[-1]  # the newest; possibly seq itself
+                budget += scheduled.pop(victim, 0)
+                self._preempt(victim)
+                num_preempted += 1
+                if victim is seq:
+                    break
+            if seq not in self.running:
+                continue
+            self.blocks.allocate(seq.block_table, needed)
+            scheduled[seq] = n
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.blocks.can_allocate(seq.block_table, seq.num_computed_tokens + n):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq.block_table, seq.num_computed_tokens + n)
+            self.running.append(seq)
+            scheduled[seq] = n
+            budget -= n
+        return SchedulerOutput([ScheduledSeq(s, n) for s, n in scheduled.items()], num_preempted)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free a sequence's blocks and queue it first in line to be recomputed."""
+        self.running.remove(seq)
+        self.blocks.free(seq.block_table)
+        seq.num_computed_tokens = 0
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and release its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq.block_table)

@@ -1,0 +1,49 @@
+"""A request inside the engine: its tokens, its counters, its blocks, its sampling state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from llmbench.engine.sampling import SamplingParams, StopStringMatcher
+from llmbench.engine.tokenizer import IncrementalDetokenizer
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request. Prefill, chunked prefill, decode and recompute after preemption are all
+    `num_tokens - num_computed_tokens` tokens left to run; no mode flag is needed."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher
+    arrival_ns: int
+    token_ids: list[int] = field(default_factory=list)  # prompt + generated so far
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens

@@ -1,0 +1,618 @@
+"""Text <-> token ids: the vocabulary, the chat template, the stop ids and streaming decode.
+
+A `Tokenizer` wraps a `tokenizers.Tokenizer` (the Hugging Face Rust library, which does the actual
+splitting and merging) and adds what the engine needs around it: which ids end a sequence, whether
+a raw prompt starts with BOS, and the model's jinja chat template. It is built from one of:
+
+- a Hugging Face model folder (`tokenizer.json` + optional configs),
+- a GGUF file's metadata, rebuilt the way `transformers` rebuilds it, so both give the same ids,
+- `Tokenizer.byte_level()`, a download-free tokenizer for synthetic-weight models.
+
+`IncrementalDetokenizer` turns generated ids into text one token at a time for streaming.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import gguf
+import jinja2
+import jinja2.ext
+import tokenizers
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+from llmbench.errors import UserError
+
+# GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
+_GGUF_TOKEN_CONTROL = 3  # <|im_start|>, <s>: special, matched whole, dropped by skip_special
+_GGUF_TOKEN_USER_DEFINED = 4  # <think>: matched whole, but ordinary text when decoding
+
+# The Llama-3 split: letters with an optional leading non-letter, digits in groups of up to 3,
+# punctuation runs, newlines kept together. llama.cpp names several vocabularies trained with it.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Qwen2: as Llama-3 but every digit alone.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# `tokenizer.ggml.pre` -> split regex, for the names transformers maps to these two regexes.
+# Any other name ("default", "smollm", "gpt-2", ...) gets GPT-2's own byte-level regex, as in
+# transformers; see `_byte_level_pre_tokenizer`.
+_GGUF_PRE_SPLITS = {
+    **dict.fromkeys(
+        [
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+            "dbrx",
+            "smaug-bpe",
+        ],
+        _LLAMA3_SPLIT,
+    ),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"], _QWEN2_SPLIT),
+}
+# transformers rebuilds sentencepiece vocabularies of these architectures differently (respelled
+# space tokens, normalizer prefix); we do not, so refuse rather than tokenize them subtly wrong.
+_GGUF_SPM_ARCHS_UNSUPPORTED = ("gemma", "gemma2", "gemma3", "phi3")
+
+_CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class Tokenizer:
+    """A `tokenizers.Tokenizer` plus the chat template, stop ids and BOS policy of one model."""
+
+    def __init__(
+        self,
+        hf_tokenizer: tokenizers.Tokenizer,
+        *,
+        chat_template: str | None,
+        eos_token_ids: tuple[int, ...],
+        bos_token_id: int | None,
+        add_bos: bool,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ) -> None:
+        """`add_bos`: prepend `bos_token_id` when encoding a raw prompt. `bos_token`/`eos_token`
+        are the strings a chat template sees as `bos_token`/`eos_token`."""
+        if add_bos and bos_token_id is None:
+            raise ValueError("add_bos=True needs a bos_token_id")
+        self.hf_tokenizer = hf_tokenizer
+        self.chat_template = chat_template
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.bos_token_id = bos_token_id
+        self.add_bos = add_bos
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self._template = _compile_chat_template(chat_template) if chat_template else None
+
+    # -- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def from_hf_folder(cls, path: pathlib.Path) -> Tokenizer:
+        """Load `tokenizer.json`, plus `tokenizer_config.json`, `chat_template.jinja` and
+        `generation_config.json` when present, from a Hugging Face model folder."""
+        tokenizer_file = path / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise UserError(
+                f"missing tokenizer.json: {path}: point the model path at a Hugging Face model "
+                "folder that contains tokenizer.json"
+            )
+        try:
+            hf_tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+        except Exception as e:  # the Rust side raises a bare Exception for bad JSON
+            raise UserError(
+                f"malformed tokenizer.json: {tokenizer_file}: {_first_line(e)}: "
+                "re-download the model files"
+            ) from e
+        config = _read_json_if_present(path / "tokenizer_config.json")
+        generation_config = _read_json_if_present(path / "generation_config.json")
+
+        template_file = path / "chat_template.jinja"
+        if template_file.is_file():  # newer repos keep the template in its own file
+            chat_template = template_file.read_text(encoding="utf-8")
+        else:
+            chat_template = _default_template(config.get("chat_template"))
+
+        bos_token = _token_content(config.get("bos_token"))
+        eos_token = _token_content(config.get("eos_token"))
+        bos_token_id = hf_tokenizer.token_to_id(bos_token) if bos_token is not None else None
+        if bos_token_id is None:
+            bos_token_id = _first_int(generation_config.get("bos_token_id"))
+
+        eos_ids = [hf_tokenizer.token_to_id(eos_token)] if eos_token is not None else []
+        eos_ids += _int_list(generation_config.get("eos_token_id"))
+        eos_token_ids = tuple(dict.fromkeys(i for i in eos_ids if i is not None))
+
+        if "add_bos_token" in config:
+            add_bos = bool(config["add_bos_token"])
+        else:
+            # No flag: the BOS comes from tokenizer.json's post-processor (Llama-3 does this).
+            with_special = hf_tokenizer.encode("", add_special_tokens=True).ids
+            add_bos = bos_token_id is not None and with_special[:1] == [bos_token_id]
+        return cls(
+            hf_tokenizer,
+            chat_template=chat_template,
+            eos_token_ids=eos_token_ids,
+            bos_token_id=bos_token_id,
+            add_bos=add_bos and bos_token_id is not None,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+
+    @classmethod
+    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
+        """Rebuild the tokenizer a GGUF file describes in its `tokenizer.*` metadata.
+
+        Matches `AutoTokenizer.from_pretrained(folder, gguf_file=name)` in transformers
+        (`integrations/gguf/gguf_tokenizer_mapping.py`): "gpt2" files become byte-level BPE,
+        "llama" files sentencepiece-style BPE with byte fallback.
+        """
+        where = str(getattr(reader.data, "filename", "GGUF file"))
+        fields = reader.fields
+
+        def value(key: str) -> Any:
+            field = fields.get(key)
+            return None if field is None else field.contents()
+
+        model_type = value("tokenizer.ggml.model")
+        tokens: list[str] | None = value("tokenizer.ggml.tokens")
+        if model_type is None or not tokens:
+            raise UserError(
+                f"GGUF file has no tokenizer: {where}: use a GGUF converted with its tokenizer "
+                "(llama.cpp's convert_hf_to_gguf.py writes one)"
+            )
+        architecture = value("general.architecture")
+        if model_type not in ("gpt2", "llama") or (
+            model_type == "llama" and architecture in _GGUF_SPM_ARCHS_UNSUPPORTED
+        ):
+            raise UserError(
+                f"unsupported GGUF tokenizer type {model_type!r} (architecture "
+                f"{architecture!r}): {where}: only 'gpt2' (byte-level BPE) and 'llama' "
+                "(sentencepiece BPE) tokenizers are supported; use the Hugging Face model folder"
+            )
+        merges: list[str] | None = value("tokenizer.ggml.merges")
+        if model_type == "gpt2":
+            hf_tokenizer = _gguf_byte_level_bpe(tokens, merges, value("tokenizer.ggml.pre"))
+        else:
+            scores: list[float] | None = value("tokenizer.ggml.scores")
+            if merges is None and (scores is None or len(scores) != len(tokens)):
+                raise UserError(
+                    f"GGUF sentencepiece vocabulary has neither merges nor one score per token: "
+                    f"{where}: the file is corrupt; convert the model again"
+                )
+            hf_tokenizer = _gguf_sentencepiece_bpe(tokens, merges, scores)
+
+        def token_at(key: str) -> tuple[int | None, str | None]:
+            token_id = value(f"tokenizer.ggml.{key}")
+            if token_id is None:
+                return None, None
+            if not 0 <= token_id < len(tokens):
+                raise UserError(
+                    f"GGUF tokenizer.ggml.{key} {token_id} is outside the vocabulary of "
+                    f"{len(tokens)}: {where}: the file is corrupt; convert the model again"
+                )
+            return token_id, tokens[token_id]
+
+        bos_token_id, bos_token = token_at("bos_token_id")
+        eos_token_id, eos_token = token_at("eos_token_id")
+        named_tokens = [bos_token, eos_token]
+        named_tokens += [token_at("unknown_token_id")[1], token_at("padding_token_id")[1]]
+        _add_gguf_added_tokens(
+            hf_tokenizer,
+            tokens,
+            # Files without types have no control or user-defined tokens.
+            token_types=value("tokenizer.ggml.token_type") or [],
+            named_tokens=[t for t in named_tokens if t is not None],
+            is_byte_level=model_type == "gpt2",
+        )
+
+        # Old sentencepiece files carry no flag, and llama.cpp adds BOS to those.
+        add_bos = value("tokenizer.ggml.add_bos_token")
+        add_bos = bool(add_bos) if add_bos is not None else model_type == "llama"
+        # llama.cpp also stops on end-of-turn / end-of-message ids; transformers keeps only eos.
+        stop_ids = [eos_token_id, token_at("eot_token_id")[0], token_at("eom_token_id")[0]]
+        return cls(
+            hf_tokenizer,
+            chat_template=value("tokenizer.chat_template"),
+            eos_token_ids=tuple(dict.fromkeys(i for i in stop_ids if i is not None)),
+            bos_token_id=bos_token_id,
+            add_bos=add_bos and bos_token_id is not None,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+
+    @classmethod
+    def byte_level(cls) -> Tokenizer:
+        """A download-free tokenizer for synthetic-weight models: id = byte value for the 256
+        bytes (no merges, so every UTF-8 byte is one token), then `<|endoftext|>` = 256,
+        `<|im_start|>` = 257, `<|im_end|>` = 258, and a ChatML template. vocab_size is 259."""
+        byte_to_char = _byte_to_char()
+        vocab = {char: byte for byte, char in byte_to_char.items()}
+        hf_tokenizer = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        # No merges, so no regex split is needed to keep merges inside words.
+        hf_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(
+            add_prefix_space=False, use_regex=False
+        )
+        hf_tokenizer.decoder = decoders.ByteLevel()
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        hf_tokenizer.add_special_tokens(
+            [AddedToken(t, normalized=False, special=True) for t in specials]
+        )
+        return cls(
+            hf_tokenizer,
+            chat_template=_CHATML_TEMPLATE,
+            eos_token_ids=(258, 256),
+            bos_token_id=None,
+            add_bos=False,
+            bos_token=None,
+            eos_token="<|im_end|>",
+        )
+
+    # -- text <-> ids -------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included; the model's embedding must have at least this."""
+        return self.hf_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`; special tokens written in it (`<|im_start|>`) become one id each.
+        `add_bos` defaults to the tokenizer's own policy."""
+        ids = self.hf_tokenizer.encode(text, add_special_tokens=False).ids
+        if add_bos is None:
+            add_bos = self.add_bos
+        if add_bos:
+            if self.bos_token_id is None:
+                raise ValueError("add_bos=True but this tokenizer has no BOS token")
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; invalid or incomplete UTF-8 decodes to U+FFFD."""
+        return self.hf_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
+        if self._template is None:
+            raise UserError(
+                "no chat template: this tokenizer has none: send raw prompts, or use a model "
+                "whose tokenizer files include a chat template"
+            )
+        special = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                # A missing token is left undefined (renders "") rather than "None".
+                **{name: token for name, token in special.items() if token is not None},
+            )
+        except jinja2.TemplateError as e:
+            raise UserError(
+                f"chat template failed: {_first_line(e)}: check the roles and order of the "
+                "messages against what the model's template accepts"
+            ) from e
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Ids of the rendered chat prompt; BOS is added per `add_bos` unless the template
+        already wrote it (many templates start with `{{ bos_token }}`)."""
+        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt), add_bos=False)
+        if self.add_bos and ids[:1] != [self.bos_token_id]:
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+
+class IncrementalDetokenizer:
+    """Generated ids -> new text per token, for streaming.
+
+    Decoding one id alone is wrong in two ways: a UTF-8 character can be split over several
+    byte tokens, and some decoders change a token's text depending on what precedes it
+    (sentencepiece drops the leading space of the first token). So, as vLLM does, each step
+    decodes a small window `ids[prefix_offset:]` and emits what it adds to the text of
+    `ids[prefix_offset:read_offset]`, which was already emitted. Output is held back while the
+    window's text ends in U+FFFD (an incomplete character). The window is the last emitted
+    token(s) plus the pending ones, so a step costs O(window), not O(tokens so far).
+
+    Invariant: the concatenation of all `push` results and `flush()` equals
+    `tokenizer.decode(all_ids, skip_special_tokens)`: for any ids with a byte-level decoder, and
+    for ids of valid UTF-8 with sentencepiece's byte fallback (which turns a whole run of <0xNN>
+    tokens into U+FFFDs if any byte in it is invalid, something no streaming decoder can foresee).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # window start: tokens decoded only as context
+        self._read_offset = 0  # tokens before this have been emitted
+        self._prefix_text = ""  # decode(ids[prefix_offset:read_offset]), already emitted
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; return the text it completes ("" while a character is split)."""
+        self._ids.append(token_id)
+        text = self._decode_window()
+        if len(text) <= len(self._prefix_text) or text.endswith("\ufffd"):
+            return ""
+        return self._advance(text)
+
+    def flush(self) -> str:
+        """Return whatever is held back (a trailing U+FFFD if the ids end mid-character)."""
+        text = self._decode_window()
+        if len(text) <= len(self._prefix_text):
+            return ""
+        return self._advance(text)
+
+    def _decode_window(self) -> str:
+        window = self._ids[self._prefix_offset :]
+        return self._tokenizer.decode(window, skip_special_tokens=self._skip_special_tokens)
+
+    def _advance(self, text: str) -> str:
+        """Emit the new part of `text` and slide the window: the tokens just emitted become the
+        context for the next step."""
+        new_text = text[len(self._prefix_text) :]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        self._prefix_text = self._tokenizer.decode(
+            self._ids[self._prefix_offset : self._read_offset],
+            skip_special_tokens=self._skip_special_tokens,
+        )
+        return new_text
+
+
+# -- chat template ------------------------------------------------------------------------------
+
+
+def _compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template in the environment transformers renders them in.
+
+    Templates come from model repos and are untrusted code, hence the sandbox. trim_blocks and
+    lstrip_blocks change the output whitespace, so they must match transformers for the same
+    prompt text; so must the `tojson` override (no HTML escaping, non-ASCII kept).
+    """
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise UserError(
+            f"invalid chat template: line {e.lineno}: {e.message}: fix the template in the "
+            "model's tokenizer files"
+        ) from e
+
+
+def _raise_exception(message: str) -> None:
+    """`raise_exception("...")`, called by templates to reject a conversation."""
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    """Llama-3 templates print today's date."""
+    return datetime.now().strftime(fmt)
+
+
+# -- GGUF vocabularies ------------------------------------------------------------------------
+
+
+def _byte_to_char() -> dict[int, str]:
+    """GPT-2's byte -> character table, in which byte-level vocabularies are spelled.
+
+    Printable Latin-1 bytes stand for themselves; the 68 others (controls, space, 0x7F-0xA0,
+    0xAD) map in byte order to U+0100, U+0101, ..., so a space is 'Ġ' (U+0120), '\\n' is 'Ċ'.
+    """
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {byte: chr(byte) for byte in printable}
+    others = [byte for byte in range(256) if byte not in table]
+    table.update({byte: chr(0x100 + i) for i, byte in enumerate(others)})
+    return dict(sorted(table.items()))
+
+
+def _gguf_byte_level_bpe(
+    tokens: list[str], merges: list[str] | None, pre: str | None
+) -> tokenizers.Tokenizer:
+    """GPT-2-style byte-level BPE ("gpt2" in `tokenizer.ggml.model`)."""
+    byte_to_char = _byte_to_char()
+    alphabet = set(byte_to_char.values())
+    # Some converters store a token as its UTF-8 text instead of in the byte alphabet; respell it.
+    vocab = {
+        token if set(token) <= alphabet else "".join(byte_to_char[b] for b in token.encode()): i
+        for i, token in enumerate(tokens)
+    }
+    merge_pairs = [tuple(merge.split(" ")) for merge in merges or []]
+    hf_tokenizer = tokenizers.Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merge_pairs,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
+    )
+    hf_tokenizer.pre_tokenizer = _byte_level_pre_tokenizer(pre)
+    hf_tokenizer.decoder = decoders.ByteLevel()
+    return hf_tokenizer
+
+
+def _add_gguf_added_tokens(
+    hf_tokenizer: tokenizers.Tokenizer,
+    tokens: list[str],
+    token_types: list[int],
+    named_tokens: list[str],
+    is_byte_level: bool,
+) -> None:
+    """Mark the tokens that are matched whole in text, as transformers does for GGUF files.
+
+    Control tokens (<|im_start|>) become special: matched whole, dropped by skip_special_tokens.
+    User-defined ones (<think>) are matched whole but decode as ordinary text. The named tokens
+    (bos, eos, unk, pad) are special even when the file types them as normal.
+    """
+    alphabet = set(_byte_to_char().values())
+    vocab = hf_tokenizer.get_vocab(with_added_tokens=True)
+    control = [
+        token
+        for token, token_type in zip(tokens, token_types, strict=False)
+        # A byte-level vocabulary spells every token in the byte alphabet; a control token
+        # spelled otherwise is a llama.cpp mislabel, and adding it would grow the vocabulary.
+        if token_type == _GGUF_TOKEN_CONTROL and (not is_byte_level or set(token) <= alphabet)
+    ]
+    user_defined = [
+        token
+        for token, token_type in zip(tokens, token_types, strict=False)
+        if token_type == _GGUF_TOKEN_USER_DEFINED and token in vocab
+    ]
+    # Only named tokens the vocabulary has, for the same reason as above.
+    named = [token for token in named_tokens if token not in control and token in vocab]
+    special = list(dict.fromkeys(control + named))
+    hf_tokenizer.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True) for t in special]
+    )
+    hf_tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in user_defined])
+
+
+def _byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
+    """Split text the way the vocabulary's merges were learned (`tokenizer.ggml.pre`).
+
+    Unknown names ("default", "smollm", "gpt-2", ...) fall back to GPT-2's regex, as transformers
+    does. That is exact for GPT-2-regex vocabularies; llama.cpp's "smollm" also splits digits
+    apart first, which changes ids only for runs of spaces before a digit ("a  1").
+    """
+    split = _GGUF_PRE_SPLITS.get(pre or "")
+    if split is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _gguf_sentencepiece_bpe(
+    tokens: list[str], merges: list[str] | None, scores: list[float] | None
+) -> tokenizers.Tokenizer:
+    """Llama/Mistral-style sentencepiece BPE ("llama" in `tokenizer.ggml.model`): '▁' marks a
+    space, one is prepended to the text, and unknown characters fall back to <0xNN> byte tokens.
+    """
+    vocab = {token: i for i, token in enumerate(tokens)}
+    if merges is not None:
+        merge_pairs = [tuple(merge.split(" ")) for merge in merges]
+    else:
+        merge_pairs = _merges_from_scores(vocab, dict(zip(tokens, scores or [], strict=True)))
+    hf_tokenizer = tokenizers.Tokenizer(
+        models.BPE(vocab=vocab, merges=merge_pairs, fuse_unk=True, byte_fallback=True)
+    )
+    hf_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first", split=False
+    )
+    hf_tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(content=" ", left=1),  # the space the pre-tokenizer prepended
+        ]
+    )
+    return hf_tokenizer
+
+
+def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """BPE merges implied by a sentencepiece vocabulary that lists none.
+
+    Every way to cut a token into two tokens of the vocabulary is a merge; the higher the
+    token's score, the earlier the merge. Ties go to shorter left, then shorter right pieces
+    (descending), then file order. This is transformers' `generate_merges` ordering, which the
+    ids depend on.
+    """
+    candidates: list[tuple[str, str, float]] = []
+    for token, score in scores.items():
+        cuts = [
+            (token[:i], token[i:], score)
+            for i in range(1, len(token))
+            if token[:i] in vocab and token[i:] in vocab
+        ]
+        cuts.sort(key=lambda cut: (vocab[cut[0]], vocab[cut[1]]))
+        candidates.extend(cuts)
+    candidates.sort(key=lambda cut: (cut[2], len(cut[0]), len(cut[1])), reverse=True)
+    return [(left, right) for left, right, _ in candidates]
+
+
+# -- HF folder helpers --------------------------------------------------------------------------
+
+
+def _read_json_if_present(path: pathlib.Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"malformed JSON: {path}: {e}: re-download the model files") from e
+    if not isinstance(data, dict):
+        raise UserError(f"malformed JSON: {path}: expected an object: re-download the model files")
+    return data
+
+
+def _default_template(chat_template: str | list[dict[str, str]] | None) -> str | None:
+    """`chat_template` is a string, or a list of {"name", "template"}; the "default" one is used."""
+    if isinstance(chat_template, list):
+        named = {entry.get("name"): entry.get("template") for entry in chat_template}
+        return named.get("default")
+    return chat_template
+
+
+def _token_content(token: str | dict[str, Any] | None) -> str | None:
+    """Special tokens in tokenizer_config.json are strings or AddedToken dicts {"content": ...}."""
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _int_list(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)
+
+
+def _first_int(value: int | list[int] | None) -> int | None:
+    values = _int_list(value)
+    return values[0] if values else None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

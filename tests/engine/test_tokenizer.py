@@ -1,0 +1,563 @@
+"""Tokenizer: HF folders, GGUF metadata (against transformers), byte_level, streaming decode."""
+
+import itertools
+import json
+from pathlib import Path
+
+import gguf
+import pytest
+import tokenizers
+from hypothesis import given
+from hypothesis import strategies as st
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+
+from llmbench.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from llmbench.errors import UserError
+
+# Strings every GGUF tokenizer is checked on against transformers.
+PARITY_STRINGS = [
+    "Hello world",
+    "",
+    " ",
+    "héllo wörld, ça va? Ñandú",
+    "日本語のテキストと中文字符",
+    "emoji 🚀👍🏽 and family 👨‍👩‍👧 flags 🇫🇷",
+    "spaces:   three,     five\ttab\t\ttwo tabs",
+    "lines\n\n\nthree newlines\r\nwindows\n  indented\n",
+    "def f(x: int) -> int:\n    return x ** 2  # square\n\nprint(f(12))\n",
+    "12345 and 3.14159, 1,000,000 or 2024-01-31; a  1",
+    "It's IT'S they'll we'd I'M",
+    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    "text<|endoftext|>more text<|im_end|>",
+]
+
+CHATS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [
+        {"role": "system", "content": "You answer in French."},
+        {"role": "user", "content": "Hello! 👋"},
+        {"role": "assistant", "content": "Bonjour !"},
+        {"role": "user", "content": "Ça va ?"},
+    ],
+]
+
+
+# -- Hugging Face folder ------------------------------------------------------------------------
+
+# Byte-level BPE with a hand-made vocabulary: specials 0-2, 'a'..'z' = 3..28, 'Ġ' (space) = 29,
+# 'Ċ' (newline) = 30, then one token per merge, in merge order.
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_MERGES = [
+    ("h", "e"),  # 31 he
+    ("l", "l"),  # 32 ll
+    ("he", "ll"),  # 33 hell
+    ("hell", "o"),  # 34 hello
+    ("Ġ", "w"),  # 35 Ġw
+    ("o", "r"),  # 36 or
+    ("Ġw", "or"),  # 37 Ġwor
+    ("l", "d"),  # 38 ld
+    ("Ġwor", "ld"),  # 39 Ġworld
+]
+
+# Whitespace in this template is only layout: trim_blocks + lstrip_blocks remove it.
+_FOLDER_TEMPLATE = """{% for message in messages %}
+  {% if message['role'] not in ['system', 'user', 'assistant'] %}
+    {{ raise_exception('unknown role: ' + message['role']) }}
+  {% endif %}
+<|im_start|>{{ message['role'] }}
+{{ message['content'] }}<|im_end|>
+{% endfor %}
+{% if add_generation_prompt %}
+<|im_start|>assistant
+{% endif %}
+"""
+
+
+def _hand_made_bpe() -> tokenizers.Tokenizer:
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    vocab.update({letter: 3 + i for i, letter in enumerate(_LETTERS)})
+    vocab.update({"Ġ": 29, "Ċ": 30})
+    vocab.update({left + right: 31 + i for i, (left, right) in enumerate(_MERGES)})
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=_MERGES))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(
+        [AddedToken(t, special=True) for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]]
+    )
+    return tok
+
+
+def _write_folder(folder: Path, tokenizer_config: dict, generation_config: dict | None) -> Path:
+    folder.mkdir(exist_ok=True)
+    _hand_made_bpe().save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    if generation_config is not None:
+        (folder / "generation_config.json").write_text(json.dumps(generation_config))
+    return folder
+
+
+@pytest.fixture
+def chatml_folder(tmp_path: Path) -> Path:
+    config = {
+        "eos_token": {"content": "<|im_end|>", "special": True},
+        "bos_token": None,
+        "add_bos_token": False,
+        "chat_template": [
+            {"name": "tool_use", "template": "not this one"},
+            {"name": "default", "template": _FOLDER_TEMPLATE},
+        ],
+    }
+    return _write_folder(tmp_path / "model", config, {"eos_token_id": [2, 0], "bos_token_id": 0})
+
+
+def test_hf_folder_encode_decode(chatml_folder: Path) -> None:
+    tok = Tokenizer.from_hf_folder(chatml_folder)
+    assert tok.encode("hello world") == [34, 39]
+    # GPT-2's regex keeps '\n' apart; "world" without a space never gets the 'Ġw' merges.
+    assert tok.encode("hello\nworld") == [34, 30, 25, 36, 38]
+    assert tok.encode("<|im_start|>user<|im_end|>") == [1, 23, 21, 7, 20, 2]
+    assert tok.decode([34, 39]) == "hello world"
+    assert tok.decode([1, 34, 2]) == "<|im_start|>hello<|im_end|>"
+    assert tok.decode([1, 34, 2], skip_special_tokens=True) == "hello"
+    assert tok.vocab_size == 40
+
+
+def test_hf_folder_special_ids(chatml_folder: Path) -> None:
+    tok = Tokenizer.from_hf_folder(chatml_folder)
+    # tokenizer_config's eos first, then generation_config's, without the repeat.
+    assert tok.eos_token_ids == (2, 0)
+    assert tok.eos_token == "<|im_end|>"
+    # No bos_token string, so the id comes from generation_config; add_bos_token is false.
+    assert tok.bos_token_id == 0
+    assert tok.add_bos is False
+    assert tok.encode("hello") == [34]
+    assert tok.encode("hello", add_bos=True) == [0, 34]
+
+
+def test_hf_folder_chat_template(chatml_folder: Path) -> None:
+    tok = Tokenizer.from_hf_folder(chatml_folder)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    expected = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
+    assert tok.apply_chat_template(messages, add_generation_prompt=False) == expected
+    assert tok.apply_chat_template(messages) == expected + "<|im_start|>assistant\n"
+    assert tok.encode_chat([{"role": "user", "content": "hello"}]) == [
+        *[1, 23, 21, 7, 20, 30, 34, 2, 30],  # <|im_start|> u s e r \n hello <|im_end|> \n
+        *[1, 3, 21, 21, 11, 21, 22, 3, 16, 22, 30],  # <|im_start|> a s s i s t a n t \n
+    ]
+
+
+def test_hf_folder_template_rejects_messages(chatml_folder: Path) -> None:
+    tok = Tokenizer.from_hf_folder(chatml_folder)
+    with pytest.raises(UserError, match="chat template failed: unknown role: tool"):
+        tok.apply_chat_template([{"role": "tool", "content": "{}"}])
+
+
+def test_hf_folder_bos_from_post_processor(tmp_path: Path) -> None:
+    """No add_bos_token flag: BOS is added when tokenizer.json's post-processor adds it (Llama-3),
+    and a template that writes `{{ bos_token }}` itself does not get a second one."""
+    folder = _write_folder(
+        tmp_path / "model",
+        {
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+            "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        },
+        generation_config=None,
+    )
+    hf_tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    hf_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)]
+    )
+    hf_tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
+
+    tok = Tokenizer.from_hf_folder(folder)
+    assert (tok.bos_token_id, tok.add_bos, tok.eos_token_ids) == (0, True, (2,))
+    assert tok.encode("hello") == [0, 34]
+    assert tok.encode("hello", add_bos=False) == [34]
+    # chat_template.jinja wins over tokenizer_config's template.
+    assert tok.apply_chat_template([{"role": "user", "content": "hello"}]) == "<|endoftext|>hello"
+    assert tok.encode_chat([{"role": "user", "content": "hello"}]) == [0, 34]
+    # A template that does not write BOS gets it from encode_chat.
+    no_bos_template = Tokenizer(
+        tok.hf_tokenizer,
+        chat_template="{{ messages[0]['content'] }}",
+        eos_token_ids=(2,),
+        bos_token_id=0,
+        add_bos=True,
+    )
+    assert no_bos_template.encode_chat([{"role": "user", "content": "hello"}]) == [0, 34]
+
+
+def test_hf_folder_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"missing tokenizer.json: .*empty"):
+        Tokenizer.from_hf_folder(tmp_path / "empty")
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text('{"model": ')
+    with pytest.raises(UserError, match=r"malformed tokenizer.json: .*broken"):
+        Tokenizer.from_hf_folder(broken)
+
+    bad_config = _write_folder(tmp_path / "bad_config", {}, None)
+    (bad_config / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(UserError, match=r"malformed JSON: .*tokenizer_config.json"):
+        Tokenizer.from_hf_folder(bad_config)
+
+    no_template = Tokenizer.from_hf_folder(_write_folder(tmp_path / "plain", {}, None))
+    with pytest.raises(UserError, match="no chat template"):
+        no_template.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_invalid_chat_template_is_user_error() -> None:
+    with pytest.raises(UserError, match="invalid chat template: line 1"):
+        Tokenizer(
+            Tokenizer.byte_level().hf_tokenizer,
+            chat_template="{% for m in messages %}",
+            eos_token_ids=(),
+            bos_token_id=None,
+            add_bos=False,
+        )
+
+
+# -- byte_level ---------------------------------------------------------------------------------
+
+
+def test_byte_level_ids() -> None:
+    tok = Tokenizer.byte_level()
+    # id = byte: 'h' 0x68, 'é' is UTF-8 C3 A9, ' ' 0x20; then the specials 256-258.
+    ids = tok.encode("hé <|im_end|>!")
+    assert ids == [0x68, 0xC3, 0xA9, 0x20, 258, 0x21]
+    assert tok.decode(ids) == "hé <|im_end|>!"
+    assert tok.decode(ids, skip_special_tokens=True) == "hé !"
+    assert tok.encode("<|endoftext|><|im_start|>") == [256, 257]
+    assert tok.encode("🚀") == [0xF0, 0x9F, 0x9A, 0x80]
+    assert tok.vocab_size == 259
+    assert tok.eos_token_ids == (258, 256)
+    assert (tok.bos_token_id, tok.add_bos) == (None, False)
+
+
+def test_byte_level_chat_template() -> None:
+    tok = Tokenizer.byte_level()
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
+    expected = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    assert tok.apply_chat_template(messages, add_generation_prompt=False) == expected
+    assert tok.apply_chat_template(messages) == expected + "<|im_start|>assistant\n"
+    assert tok.encode_chat([{"role": "user", "content": "hi"}], add_generation_prompt=False) == [
+        *[257, *b"user\nhi", 258, 0x0A]
+    ]
+
+
+# -- IncrementalDetokenizer ---------------------------------------------------------------------
+
+
+def _stream(tok: Tokenizer, ids: list[int], skip_special_tokens: bool = False) -> list[str]:
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=skip_special_tokens)
+    return [detok.push(token_id) for token_id in ids] + [detok.flush()]
+
+
+def test_detokenizer_holds_split_characters() -> None:
+    tok = Tokenizer.byte_level()
+    # 'é' is 2 bytes, '世' 3, '🚀' 4: text appears only when the last byte of each arrives.
+    pieces = _stream(tok, tok.encode("aé世🚀"))
+    assert pieces == ["a", "", "é", "", "", "世", "", "", "", "🚀", ""]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["naïve café, Ñandú", "日本語のテキスト", "🚀👍🏽 👨‍👩‍👧 🇫🇷", "mixed: é世🚀 a\n\tb <|im_end|>"],
+)
+def test_detokenizer_byte_level_matches_decode(text: str) -> None:
+    tok = Tokenizer.byte_level()
+    pieces = _stream(tok, tok.encode(text))
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+@given(st.text())
+def test_detokenizer_any_text_streams_to_itself(text: str) -> None:
+    tok = Tokenizer.byte_level()
+    pieces = _stream(tok, tok.encode(text))
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+@given(st.lists(st.integers(0, 258)), st.booleans())
+def test_detokenizer_any_ids_match_decode(ids: list[int], skip_special_tokens: bool) -> None:
+    """Any ids, invalid UTF-8 and special tokens included: the stream still equals decode."""
+    tok = Tokenizer.byte_level()
+    pieces = _stream(tok, ids, skip_special_tokens)
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+class _WindowRecordingTokenizer(Tokenizer):
+    """Records how many ids each decode call sees."""
+
+    window_sizes: list[int]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        self.window_sizes.append(len(ids))
+        return super().decode(ids, skip_special_tokens)
+
+
+def test_detokenizer_window_stays_small() -> None:
+    tok = _WindowRecordingTokenizer.byte_level()
+    tok.window_sizes = []
+    ids = tok.encode("a🚀" * 2000)
+    assert "".join(_stream(tok, ids)) == "a🚀" * 2000
+    # At most the last emitted character's 4 bytes plus a pending 4-byte character.
+    assert max(tok.window_sizes) <= 8
+
+
+# -- GGUF: synthetic files against transformers -------------------------------------------------
+
+
+def _write_gguf(path: Path, **tokenizer: object) -> Path:
+    """A GGUF with no tensors: a tiny llama config (so transformers can load it) + tokenizer."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(64)
+    writer.add_block_count(1)
+    writer.add_embedding_length(8)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model(tokenizer["model"])
+    writer.add_token_list(tokenizer["tokens"])
+    writer.add_token_types(tokenizer["token_types"])
+    if "pre" in tokenizer:
+        writer.add_tokenizer_pre(tokenizer["pre"])
+    if "merges" in tokenizer:
+        writer.add_token_merges(tokenizer["merges"])
+    if "scores" in tokenizer:
+        writer.add_token_scores(tokenizer["scores"])
+    if "add_bos" in tokenizer:
+        writer.add_add_bos_token(tokenizer["add_bos"])
+    if "chat_template" in tokenizer:
+        writer.add_chat_template(tokenizer["chat_template"])
+    writer.add_bos_token_id(tokenizer["bos_id"])
+    writer.add_eos_token_id(tokenizer["eos_id"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _reference(path: Path):  # -> transformers tokenizer
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _assert_same_as_reference(tok: Tokenizer, ref, strings: list[str]) -> None:
+    for text in strings:
+        ids = tok.encode(text)
+        assert ids == ref.encode(text), text
+        assert tok.decode(ids) == ref.decode(ids), text
+        assert tok.decode(ids, skip_special_tokens=True) == ref.decode(
+            ids, skip_special_tokens=True
+        ), text
+    assert tok.vocab_size == len(ref)
+
+
+_TRAIN_TEXT = [
+    "It's 12345 o'clock, the year 2024. THE END, IT'S OVER.",
+    "the cat sat on the mat; the dog didn't. 3.14159 is pi and 365 is days",
+    "def main():\n    return 0\n\n\n\tindented\ttext   spaced   out",
+]
+
+
+def _trained_byte_level_gguf(path: Path) -> Path:
+    """Byte-level BPE learned on a few lines, written as llama.cpp would (tokens in id order),
+    typed like a real file: control, user-defined, and one mislabelled control token."""
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=420,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TRAIN_TEXT * 20, trainer)
+    vocab = tok.get_vocab()
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    merges = [" ".join(pair) for pair in json.loads(tok.to_str())["model"]["merges"]]
+    # One token stored as plain UTF-8 rather than in the byte alphabet, as some converters do.
+    tokens[tokens.index("Ġthe")] = " the"
+    tokens += ["<think>", "</think>", "<ctrl with spaces>"]
+    token_types = [3, 3, 3] + [1] * (len(tokens) - 6) + [4, 4, 3]
+    return _write_gguf(
+        path,
+        model="gpt2",
+        pre="llama-bpe",
+        tokens=tokens,
+        token_types=token_types,
+        merges=merges,
+        bos_id=0,
+        eos_id=2,
+        add_bos=True,
+        chat_template=(
+            "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        ),
+    )
+
+
+def test_gguf_byte_level_matches_transformers(tmp_path: Path) -> None:
+    path = _trained_byte_level_gguf(tmp_path / "bpe.gguf")
+    tok = Tokenizer.from_gguf(gguf.GGUFReader(path))
+    ref = _reference(path)
+    extra = ["<think>the cat</think>", "<ctrl with spaces>", "the the  the", "12345678 IT'S"]
+    _assert_same_as_reference(tok, ref, PARITY_STRINGS + extra)
+    assert (tok.bos_token_id, tok.add_bos, tok.eos_token_ids) == (0, True, (2,))
+    # Trained with GPT-2's split, " 12345" became one token; llama-bpe splits off the space and
+    # cuts digits in threes first, so token boundaries must fall after " " and " 123".
+    assert tok.hf_tokenizer.token_to_id("Ġ12345") is not None
+    pieces = [tok.decode([i]) for i in tok.encode(" 12345", add_bos=False)]
+    assert pieces[0] == " " and 4 in itertools.accumulate(map(len, pieces))
+    for messages in CHATS:
+        text = tok.apply_chat_template(messages)
+        assert text == ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert text.startswith("<|endoftext|><|im_start|>")
+        # The template wrote BOS itself: no second one.
+        assert tok.encode_chat(messages) == tok.encode(text, add_bos=False)
+
+
+def _sentencepiece_gguf(path: Path) -> Path:
+    """A Llama-style vocabulary with no merges, so both sides derive them from the scores."""
+    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "▁hell", "▁hello"]
+    pieces += ["▁w", "▁wor", "▁world", "or", "▁d"]
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *pieces, "<think>"]
+    token_types = [2, 3, 3] + [6] * 256 + [1] * len(pieces) + [4]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))] + [0.0]
+    # No add_bos_token: llama.cpp and transformers add BOS to sentencepiece vocabularies.
+    return _write_gguf(
+        path,
+        model="llama",
+        tokens=tokens,
+        token_types=token_types,
+        scores=scores,
+        bos_id=1,
+        eos_id=2,
+    )
+
+
+def test_gguf_sentencepiece_matches_transformers(tmp_path: Path) -> None:
+    path = _sentencepiece_gguf(tmp_path / "spm.gguf")
+    tok = Tokenizer.from_gguf(gguf.GGUFReader(path))
+    ref = _reference(path)
+    extra = ["hello world", " hello  world", "<s>hello</s>", "<think>world", "\nhello"]
+    _assert_same_as_reference(tok, ref, PARITY_STRINGS + extra)
+    assert (tok.bos_token_id, tok.add_bos, tok.eos_token_ids) == (1, True, (2,))
+    # Unknown characters fall back to byte tokens: 'x' is <0x78> = 3 + 0x78.
+    assert tok.encode("x", add_bos=False) == [259, 123]  # '▁' (259) then 'x'
+    assert tok.decode(tok.encode("héllo wörld")) == "<s> héllo wörld"
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    path = _sentencepiece_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf")
+    return Tokenizer.from_gguf(gguf.GGUFReader(path))
+
+
+_SPM_TEXT_PIECES = [*"helowrd x\n\té世🚀", "hello", " world", "<s>", "</s>", "<think>", "  "]
+
+
+@given(st.lists(st.sampled_from(_SPM_TEXT_PIECES), max_size=12), st.booleans(), st.booleans())
+def test_detokenizer_sentencepiece_matches_decode(
+    sentencepiece_tokenizer: Tokenizer, pieces: list[str], add_bos: bool, skip: bool
+) -> None:
+    """Sentencepiece decoding strips the first token's leading space and turns <0xNN> byte runs
+    into characters; streaming must still give exactly what decode gives."""
+    tok = sentencepiece_tokenizer
+    ids = tok.encode("".join(pieces), add_bos=add_bos)
+    streamed = _stream(tok, ids, skip_special_tokens=skip)
+    assert "".join(streamed) == tok.decode(ids, skip_special_tokens=skip)
+    assert not any("\ufffd" in piece for piece in streamed)
+
+
+def test_gguf_unsupported_tokenizer_is_user_error(tmp_path: Path) -> None:
+    path = _write_gguf(
+        tmp_path / "bert.gguf",
+        model="bert",
+        tokens=["[PAD]", "[CLS]", "hello"],
+        token_types=[3, 3, 1],
+        bos_id=1,
+        eos_id=1,
+    )
+    with pytest.raises(UserError, match=r"unsupported GGUF tokenizer type 'bert'.*bert.gguf"):
+        Tokenizer.from_gguf(gguf.GGUFReader(path))
+
+
+def test_gguf_corrupt_tokenizer_is_user_error(tmp_path: Path) -> None:
+    tokens = ["<s>", "</s>", "a"]
+    path = _write_gguf(
+        tmp_path / "bad_id.gguf",
+        model="gpt2",
+        tokens=tokens,
+        token_types=[3, 3, 1],
+        bos_id=0,
+        eos_id=7,
+    )
+    with pytest.raises(UserError, match=r"eos_token_id 7 is outside the vocabulary of 3"):
+        Tokenizer.from_gguf(gguf.GGUFReader(path))
+
+    path = _write_gguf(
+        tmp_path / "no_scores.gguf",
+        model="llama",
+        tokens=tokens,
+        token_types=[3, 3, 1],
+        bos_id=0,
+        eos_id=1,
+    )
+    with pytest.raises(UserError, match=r"neither merges nor one score per token"):
+        Tokenizer.from_gguf(gguf.GGUFReader(path))
+
+
+# -- the real SmolLM2-135M-Instruct GGUF against transformers -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_gguf_path: Path) -> tuple[Tokenizer, object]:
+    return Tokenizer.from_gguf(gguf.GGUFReader(smollm2_gguf_path)), _reference(smollm2_gguf_path)
+
+
+@pytest.mark.slow
+def test_smollm2_encode_decode_match_transformers(smollm2: tuple[Tokenizer, object]) -> None:
+    tok, ref = smollm2
+    _assert_same_as_reference(tok, ref, PARITY_STRINGS)
+    assert tok.vocab_size == 49152
+    assert (tok.bos_token_id, tok.add_bos, tok.eos_token_ids) == (1, False, (2,))
+    assert tok.encode("<|im_start|>user<|im_end|>") == [1, 4093, 2]
+
+
+@pytest.mark.slow
+def test_smollm2_chat_template_matches_transformers(smollm2: tuple[Tokenizer, object]) -> None:
+    tok, ref = smollm2
+    for messages in CHATS:
+        for add_generation_prompt in (True, False):
+            text = tok.apply_chat_template(messages, add_generation_prompt)
+            ref_text = ref.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            assert text == ref_text
+            ref_ids = ref.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, return_dict=False
+            )
+            assert tok.encode_chat(messages, add_generation_prompt) == ref_ids
+    # Without a system message the template inserts SmolLM's default one.
+    assert tok.apply_chat_template(CHATS[0]).startswith(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM"
+    )
+
+
+@pytest.mark.slow
+def test_smollm2_detokenizer_streams(smollm2: tuple[Tokenizer, object]) -> None:
+    tok, _ = smollm2
+    for text in PARITY_STRINGS:
+        ids = tok.encode(text)
+        pieces = _stream(tok, ids)
+        assert "".join(pieces) == tok.decode(ids) == text
+        assert not any("\ufffd" in piece for piece in pieces)

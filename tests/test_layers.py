@@ -1,0 +1,59 @@
+"""The import rules of DESIGN.md, checked on the source: lower layers never import upper ones."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "llmbench"
+
+# What each layer may import from llmbench (besides itself and llmbench.errors).
+ALLOWED = {
+    "kernels": set(),
+    "engine": {"kernels"},
+    "harness": set(),  # the engine only lazily, inside functions (see below)
+    "reports": set(),
+}
+HEAVY = ("torch", "llmbench.engine", "llmbench.kernels")
+
+
+def _imports(tree: ast.AST, top_level_only: bool) -> list[str]:
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    names = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
+
+
+def _modules(layer: str) -> list[Path]:
+    return sorted((ROOT / layer).rglob("*.py"))
+
+
+@pytest.mark.parametrize("layer", [layer for layer in ALLOWED if (ROOT / layer).is_dir()])
+def test_layer_imports_only_what_it_may(layer):
+    for path in _modules(layer):
+        for name in _imports(ast.parse(path.read_text()), top_level_only=False):
+            if not name.startswith("llmbench.") or name == "llmbench.errors":
+                continue
+            target = name.split(".")[1]
+            assert target == layer or target in ALLOWED[layer] or layer == "harness", (
+                f"{path.relative_to(ROOT.parent)} imports {name}"
+            )
+
+
+def test_harness_imports_torch_and_engine_only_lazily():
+    """`llmbench report/compare` must run without torch: no module-level heavy imports."""
+    for path in _modules("harness"):
+        for name in _imports(ast.parse(path.read_text()), top_level_only=True):
+            assert not name.startswith(HEAVY), f"{path.relative_to(ROOT.parent)} imports {name}"
+
+
+def test_kernels_import_nothing_from_llmbench():
+    for path in _modules("kernels") if (ROOT / "kernels").is_dir() else []:
+        for name in _imports(ast.parse(path.read_text()), top_level_only=False):
+            assert not name.startswith("llmbench"), f"{path} imports {name}"
