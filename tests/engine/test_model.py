@@ -8,7 +8,7 @@ import torch
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.hf_folder import HFFolderSource
 from llmbench.engine.model import LlamaModel
-from llmbench.engine.paged_attention import AttentionBatch, KVCache, SeqSlice, slots_for
+from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batch
 from llmbench.engine.sampling import SamplingParams
 from tests.engine.helpers import VOCAB, write_tiny_checkpoint
 
@@ -58,11 +58,7 @@ def _our_logits(folder, prompt: list[int], tokens: list[int], block_size: int):
 
     def run(ids: list[int], start: int) -> torch.Tensor:
         end = start + len(ids)
-        batch = AttentionBatch(
-            slot_mapping=torch.tensor(slots_for(table, start, end, block_size)),
-            seqs=[SeqSlice(0, len(ids), end, torch.tensor(slots_for(table, 0, end, block_size)))],
-            max_position=end - 1,
-        )
+        batch = build_attention_batch([Chunk(start, len(ids), table)], block_size, cache.kv.device)
         hidden = model.forward(torch.tensor(ids), torch.arange(start, end), batch, cache)
         return model.compute_logits(hidden[-1:])[0]
 
