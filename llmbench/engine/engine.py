@@ -9,6 +9,7 @@ tokens, checks stops, and returns a `RequestOutput` per request that advanced, s
 from __future__ import annotations
 
 import itertools
+import queue
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
@@ -43,6 +44,7 @@ class EngineConfig:
     kv_cache_memory: float | None = None
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
+    enable_prefix_caching: bool = True
     num_threads: int | None = None  # CPU threads; None keeps torch's default
 
     def __post_init__(self) -> None:
@@ -88,7 +90,9 @@ class LLMEngine:
             self.dtype,
             self.device,
         )
-        self.blocks = BlockManager(self.kv_cache.num_blocks, config.block_size)
+        self.blocks = BlockManager(
+            self.kv_cache.num_blocks, config.block_size, config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs), self.blocks
         )
@@ -96,6 +100,12 @@ class LLMEngine:
         self.step_records: list[StepRecord] = []
         self._sequences: dict[str, Sequence] = {}
         self._ids = itertools.count()
+        # add_request/abort may come from other threads (an HTTP server, an asyncio driver):
+        # they only post here, and step() — on the engine's own thread — takes them in.
+        self._new_requests: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.num_prompt_tokens_admitted = 0
+        self.num_cached_tokens_admitted = 0
 
     def _num_kv_blocks(self) -> int:
         cfg = self.config
@@ -157,25 +167,51 @@ class LLMEngine:
             arrival_ns=time.perf_counter_ns(),
         )
         self._sequences[request_id] = seq
-        self.scheduler.add(seq)
+        self._new_requests.put(seq)
         return request_id
 
     def abort(self, request_id: str) -> None:
-        seq = self._sequences.pop(request_id, None)
-        if seq is not None:
-            seq.finish_reason = "abort"
-            self.scheduler.finish(seq)
+        """Stop a request; the next step frees its blocks and reports it finished ("abort")."""
+        self._aborts.put(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return (
+            self.scheduler.has_unfinished()
+            or not self._new_requests.empty()
+            or not self._aborts.empty()
+        )
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Formula: cached prompt tokens / prompt tokens, over requests admitted so far."""
+        if self.num_prompt_tokens_admitted == 0:
+            return 0.0
+        return self.num_cached_tokens_admitted / self.num_prompt_tokens_admitted
+
+    def _take_inbox(self) -> list[RequestOutput]:
+        while not self._new_requests.empty():
+            self.scheduler.add(self._new_requests.get())
+        outputs = []
+        while not self._aborts.empty():
+            seq = self._sequences.pop(self._aborts.get(), None)
+            if seq is None:
+                continue  # finished already, or unknown
+            seq.finish_reason = "abort"
+            self.scheduler.finish(seq)
+            outputs.append(self._output(seq, (), "", time.perf_counter_ns()))
+        return outputs
 
     # -- stepping -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Run one batch; returns the outputs of every request that advanced or was aborted."""
+        outputs = self._take_inbox()
         t_start = time.perf_counter_ns()
         plan = self.scheduler.schedule()
+        self.num_prompt_tokens_admitted += plan.num_prompt_tokens_admitted
+        self.num_cached_tokens_admitted += plan.num_cached_tokens
         if not plan.scheduled:
-            return []
+            return outputs
         num_prefill_tokens = sum(
             item.num_new_tokens
             for item in plan.scheduled
@@ -183,7 +219,6 @@ class LLMEngine:
         )
         tokens = iter(self.runner.execute(plan.scheduled))
         t_end = time.perf_counter_ns()  # tokens are on the host: the step is done
-        outputs = []
         num_decode_seqs = 0
         for item in plan.scheduled:
             seq = item.seq
@@ -192,6 +227,9 @@ class LLMEngine:
             )
             needs_token = item.needs_logits  # read before the counter moves
             seq.num_computed_tokens += item.num_new_tokens
+            self.blocks.cache_full_blocks(
+                seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.prefix_ids
+            )
             if needs_token:
                 outputs.append(self._append_token(seq, next(tokens), t_end))
         self.step_records.append(
@@ -201,7 +239,7 @@ class LLMEngine:
                 num_prefill_tokens=num_prefill_tokens,
                 num_decode_seqs=num_decode_seqs,
                 context_lens=tuple(item.seq.num_computed_tokens for item in plan.scheduled),
-                num_cached_tokens=0,
+                num_cached_tokens=plan.num_cached_tokens,
                 num_blocks_used=self.blocks.num_used_blocks,
                 num_blocks_total=self.blocks.num_blocks,
                 num_preempted=plan.num_preempted,
@@ -212,25 +250,30 @@ class LLMEngine:
     def _append_token(self, seq: Sequence, token: int, t_ns: int) -> RequestOutput:
         seq.token_ids.append(token)
         reason = check_stop(token, seq.num_output_tokens, seq.params, self.tokenizer.eos_token_ids)
-        text = ""
-        if reason != "stop":  # a stop token is not part of the text
+        text, hit_stop_string = "", False
+        if reason != "stop":  # an EOS or stop token is not part of the text
             text, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.push(token))
-            if hit_stop_string:
-                reason = "stop"
-            elif reason is not None:  # finished by length: release text held back so far
-                tail, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.flush())
-                text += tail if hit_stop_string else tail + seq.stop_matcher.flush()
+        if hit_stop_string:
+            reason = "stop"
+        elif reason is not None:  # release the text held back for a possible stop string
+            tail, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.flush())
+            text += tail if hit_stop_string else tail + seq.stop_matcher.flush()
         if reason is not None:
             seq.finish_reason = reason
             self.scheduler.finish(seq)
             del self._sequences[seq.request_id]
+        return self._output(seq, (token,), text, t_ns)
+
+    def _output(
+        self, seq: Sequence, token_ids: tuple[int, ...], text: str, t_ns: int
+    ) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
-            new_token_ids=(token,),
+            new_token_ids=token_ids,
             new_text=text,
             t_ns=t_ns,
-            finished=reason is not None,
-            finish_reason=reason,
+            finished=seq.finish_reason is not None,
+            finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
         )

@@ -3,8 +3,9 @@
 Counters, not modes: every sequence has `num_tokens` and `num_computed_tokens`, and the step
 runs up to their difference. Running sequences go first (a decode is one token), then waiting
 ones are admitted with what is left of the token budget, so long prompts are prefilled in
-chunks. When the cache has no free block, the newest running sequence is preempted: its blocks
-are freed and it is recomputed later (its generated tokens become part of what it re-prefills).
+chunks; a waiting sequence starts past the leading blocks the prefix cache already holds. When
+the cache has no free block, the newest running sequence is preempted: its blocks are freed and
+it is recomputed later (its generated tokens become part of what it re-prefills).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     num_preempted: int
+    num_prompt_tokens_admitted: int  # prompts of requests admitted for the first time
+    num_cached_tokens: int  # of those, tokens found in the prefix cache
 
 
 class Scheduler:
@@ -76,23 +79,41 @@ class Scheduler:
             self.blocks.allocate(seq.block_table, needed)
             scheduled[seq] = n
             budget -= n
+        num_admitted = num_cached = 0
+        bs = self.blocks.block_size
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self.blocks.can_allocate(seq.block_table, seq.num_computed_tokens + n):
+            # Leave at least the last token to compute: its logits give the next token.
+            prefix = self.blocks.match_prefix(seq.token_ids, seq.num_tokens - 1)
+            computed = prefix.num_tokens(bs)
+            n = min(seq.num_tokens - computed, budget)
+            if not self.blocks.can_allocate(seq.block_table, computed + n, prefix):
                 break
             self.waiting.popleft()
-            self.blocks.allocate(seq.block_table, seq.num_computed_tokens + n)
+            self.blocks.allocate(seq.block_table, computed + n, prefix)
+            seq.prefix_ids = list(prefix.prefix_ids)
+            seq.num_computed_tokens = computed
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = computed
+                num_admitted += seq.num_prompt_tokens
+                num_cached += computed
             self.running.append(seq)
             scheduled[seq] = n
             budget -= n
-        return SchedulerOutput([ScheduledSeq(s, n) for s, n in scheduled.items()], num_preempted)
+        return SchedulerOutput(
+            [ScheduledSeq(s, n) for s, n in scheduled.items()],
+            num_preempted,
+            num_admitted,
+            num_cached,
+        )
 
     def _preempt(self, seq: Sequence) -> None:
         """Free a sequence's blocks and queue it first in line to be recomputed."""
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
         seq.num_computed_tokens = 0
+        seq.prefix_ids = []
+        seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:

@@ -25,7 +25,9 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)  # prompt + generated so far
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    prefix_ids: list[int] = field(default_factory=list)  # prefix-cache ids of full blocks
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache on admission
+    num_preemptions: int = 0
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

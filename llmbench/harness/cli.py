@@ -61,6 +61,13 @@ def cli() -> None:
 @click.option("--dtype", default="float32", show_default=True, type=_DTYPE)
 @click.option("--device", default="auto", show_default=True, type=_DEVICE)
 @click.option("--threads", default=None, type=int, help="CPU threads (default: torch's)")
+@click.option(
+    "--kv-cache-memory",
+    default=None,
+    type=float,
+    help="KV cache size: bytes, or a fraction (<= 1) of free GPU memory",
+)
+@click.option("--block-size", default=16, show_default=True, type=int, help="tokens per KV block")
 def generate(
     prompt: str,
     model: str,
@@ -76,6 +83,8 @@ def generate(
     dtype: str,
     device: str,
     threads: int | None,
+    kv_cache_memory: float | None,
+    block_size: int,
 ) -> None:
     """Generate text for PROMPT, streamed to stdout; timings go to stderr."""
     from llmbench.engine.engine import EngineConfig, LLMEngine
@@ -93,7 +102,15 @@ def generate(
         ignore_eos=ignore_eos,
     )
     engine = LLMEngine(
-        EngineConfig(model=model, dtype=dtype, device=device, num_threads=threads, max_num_seqs=1)
+        EngineConfig(
+            model=model,
+            dtype=dtype,
+            device=device,
+            num_threads=threads,
+            max_num_seqs=1,
+            kv_cache_memory=kv_cache_memory,
+            block_size=block_size,
+        )
     )
     tokenizer = engine.tokenizer
     if chat:
@@ -108,6 +125,7 @@ def generate(
         sys.stdout.write(out.new_text)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    sys.stdout.flush()
     records = engine.step_records
     prefill_ns = sum(r.t_end_ns - r.t_start_ns for r in records if r.num_prefill_tokens)
     decode_steps = [
@@ -121,8 +139,11 @@ def generate(
         engine.model_config.kv_bytes_per_token(engine.dtype.itemsize),
     )
     stats = format_summary(len(prompt_ids), prefill_ns / 1e6, token_ns, gb_per_s)
+    kv = engine.kv_cache
     click.echo(
-        f"[{engine.source_description}, {dtype}, {engine.device}] finish={finish_reason} {stats}",
+        f"[{engine.source_description}, {dtype}, {engine.device}, kv cache {kv.num_blocks} "
+        f"blocks x {kv.block_size} tokens = {kv.num_bytes / 2**20:.0f} MiB] "
+        f"finish={finish_reason} {stats}",
         err=True,
     )
 

@@ -61,3 +61,17 @@ def write_tiny_checkpoint(
     model.save_pretrained(folder, safe_serialization=True)
     write_tokenizer(folder)
     return folder
+
+
+def run_staggered(engine, prompts, params, arrive_every: int) -> dict[str, list[int]]:
+    """Add one prompt every `arrive_every` steps while stepping; collect tokens per request."""
+    tokens: dict[str, list[int]] = {}
+    pending = list(prompts)
+    step = 0
+    while pending or engine.has_unfinished():
+        if pending and step % arrive_every == 0:
+            tokens[engine.add_request(pending.pop(0), params)] = []
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+        step += 1
+    return tokens

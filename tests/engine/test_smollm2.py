@@ -7,6 +7,7 @@ import torch
 
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.sampling import SamplingParams
+from tests.engine.helpers import run_staggered
 
 pytestmark = pytest.mark.slow
 
@@ -59,9 +60,44 @@ def test_greedy_chat_matches_transformers(hf_model, engine):
         assert engine.generate([ours_prompt], params)[0] == expected, prompt
 
 
-def test_batched_generation_equals_one_at_a_time(engine):
-    prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
-    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    together = engine.generate(prompts, params)
+def test_continuous_batching_matches_one_at_a_time(smollm2_gguf_path, engine):
+    """16 chat requests arriving over time, chunked prefill, a cache small enough to preempt."""
+    topics = [
+        "rivers",
+        "owls",
+        "prime numbers",
+        "bread",
+        "volcanoes",
+        "chess",
+        "tea",
+        "comets",
+        "bees",
+        "glaciers",
+        "jazz",
+        "maps",
+        "salt",
+        "bridges",
+        "coral",
+        "clocks",
+    ]
+    prompts = [
+        engine.tokenizer.encode_chat(
+            [{"role": "user", "content": f"Tell me about {t}." * (i % 3 + 1)}]
+        )
+        for i, t in enumerate(topics)
+    ]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     alone = [engine.generate([p], params)[0] for p in prompts]
-    assert together == alone
+    kv_bytes_per_block = 2 * 30 * 192 * 4 * 16  # K+V x layers x kv_size x float32 x block_size
+    batched = LLMEngine(
+        EngineConfig(
+            model=str(smollm2_gguf_path),
+            device="cpu",
+            block_size=16,
+            max_num_batched_tokens=96,
+            kv_cache_memory=10 * kv_bytes_per_block,
+        )
+    )
+    together = run_staggered(batched, prompts, params, arrive_every=1)
+    assert sum(r.num_preempted for r in batched.step_records) > 0
+    assert list(together.values()) == alone

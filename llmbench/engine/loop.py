@@ -1,0 +1,62 @@
+"""`EngineLoop`: the engine's step loop on its own thread, for servers and async drivers.
+
+Other threads submit and abort; the loop thread steps whenever there is work and hands every
+`RequestOutput` to a callback (called on the loop thread: an asyncio user forwards it with
+`loop.call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from llmbench.engine.engine import LLMEngine
+from llmbench.engine.records import RequestOutput
+from llmbench.engine.sampling import SamplingParams
+
+_IDLE_WAIT_S = 0.05  # how long an idle loop sleeps before looking again (a submit wakes it)
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, on_output: Callable[[RequestOutput], None]):
+        self.engine = engine
+        self._on_output = on_output
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llmbench-engine", daemon=True)
+        self.error: BaseException | None = None  # what stopped the loop, if it crashed
+
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def submit(
+        self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        if self.error is not None:
+            raise RuntimeError("the engine loop has stopped") from self.error
+        request_id = self.engine.add_request(prompt, params, request_id)
+        self._wake.set()
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self.engine.has_unfinished():
+                    self._wake.wait(_IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                for output in self.engine.step():
+                    self._on_output(output)
+        except BaseException as e:  # surfaced to submitters; the thread must not die silently
+            self.error = e
+            raise
