@@ -17,6 +17,8 @@ ALLOWED = {
     "reports": set(),
 }
 HEAVY = ("torch", "llmbench.engine", "llmbench.kernels")
+# The harness modules DESIGN.md lets import the engine: the in-process backend.
+ENGINE_SIDE = {"harness/backends/engine.py"}
 
 
 def _imports(tree: ast.AST, top_level_only: bool) -> list[str]:
@@ -49,6 +51,8 @@ def test_layer_imports_only_what_it_may(layer):
 def test_harness_imports_torch_and_engine_only_lazily():
     """`llmbench report/compare` must run without torch: no module-level heavy imports."""
     for path in _modules("harness"):
+        if str(path.relative_to(ROOT)) in ENGINE_SIDE:
+            continue
         for name in _imports(ast.parse(path.read_text()), top_level_only=True):
             assert not name.startswith(HEAVY), f"{path.relative_to(ROOT.parent)} imports {name}"
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -233,6 +234,10 @@ class LlamaModel:
         """hidden: [N, h] rows that need a next token → logits [N, V] in float32."""
         with _gemv_backend(self.device, self.dtype, hidden.shape[0]):
             return self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps)).float()
+
+
+# Toggling oneDNN (below) makes torch warn about Intel-GPU TF32 on every call: not our concern.
+warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
 
 
 def _gemv_backend(device: torch.device, dtype: torch.dtype, num_rows: int):

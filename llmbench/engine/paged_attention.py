@@ -63,7 +63,7 @@ class DecodeBatch:
     rows: torch.Tensor  # [B]: their rows in the flat batch
     is_whole_batch: bool  # every row of the step is a decode: no row indexing needed
     slots: torch.Tensor  # [B, C]: K/V slots of each context, padded to the longest C
-    bias: torch.Tensor  # [B, 1, 1, C] float32: 0 for real keys, -inf for padding
+    bias: torch.Tensor | None  # [B, 1, 1, C]: 0 for real keys, -inf for padding; None if none
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def context_slots(
 
 
 def build_attention_batch(
-    chunks: list[Chunk], block_size: int, device: torch.device
+    chunks: list[Chunk], block_size: int, device: torch.device, dtype: torch.dtype
 ) -> AttentionBatch:
     """Index tensors for one step whose flat batch is the chunks' tokens in order."""
     context_lens = [c.start + c.num_tokens for c in chunks]
@@ -117,15 +117,19 @@ def build_attention_batch(
         row += chunk.num_tokens
     decodes = None
     if decode_seqs:
-        lens = torch.tensor([context_lens[i] for i in decode_seqs], device=device)
-        max_len = int(lens.max())
-        is_pad = torch.arange(max_len, device=device)[None, :] >= lens[:, None]  # [B, C]
-        bias = torch.zeros(is_pad.shape, dtype=torch.float32, device=device)
+        lens = [context_lens[i] for i in decode_seqs]
+        max_len = max(lens)
+        bias = None
+        if min(lens) != max_len:
+            lens_t = torch.tensor(lens, device=device)
+            is_pad = torch.arange(max_len, device=device)[None, :] >= lens_t[:, None]  # [B, C]
+            bias = torch.zeros(is_pad.shape, dtype=dtype, device=device)
+            bias = bias.masked_fill_(is_pad, float("-inf"))[:, None, None, :]
         decodes = DecodeBatch(
             rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
             is_whole_batch=not prefills,
             slots=slots[decode_seqs, :max_len],
-            bias=bias.masked_fill_(is_pad, float("-inf"))[:, None, None, :],
+            bias=bias,
         )
     return AttentionBatch(torch.cat(new_slots), prefills, decodes, max(context_lens) - 1)
 
@@ -145,15 +149,24 @@ def paged_attention(
     cache.index_copy_(0, batch.slot_mapping, kv)
     d = batch.decodes
     if d is not None and d.is_whole_batch:
-        return _decode_attention(q, cache[d.slots], d.bias, scale)
+        return _decode_attention(q, _gather(cache, d.slots), d.bias, scale)
     out = torch.empty_like(q)
     for s in batch.prefills:
         out[s.query_start : s.query_start + s.query_len] = _prefill_attention(
             q, kv, cache, s, scale
         )
     if d is not None:
-        out[d.rows] = _decode_attention(q[d.rows], cache[d.slots], d.bias, scale)
+        out[d.rows] = _decode_attention(q[d.rows], _gather(cache, d.slots), d.bias, scale)
     return out
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache [S, 2, nkv, d], slots [B, C] → [B, C, 2, nkv, d].
+
+    index_select on the flat slots: a row copy per slot, 4-10x faster here than `cache[slots]`,
+    whose advanced indexing walks every element.
+    """
+    return cache.index_select(0, slots.flatten()).view(*slots.shape, *cache.shape[1:])
 
 
 def _prefill_attention(
@@ -166,37 +179,40 @@ def _prefill_attention(
         # The whole context is in this step: attend to the fresh K/V, no gather from the pool.
         context, mask = kv[rows], None
     else:
-        context = cache[s.kv_slots]  # [C, 2, nkv, d]
+        context = cache.index_select(0, s.kv_slots)  # [C, 2, nkv, d]
         # Query i sits at position C - L + i and may see keys 0 ..= that position.
         key_pos = torch.arange(s.context_len, device=q.device)
         query_pos = torch.arange(s.query_len, device=q.device) + (s.context_len - s.query_len)
         mask = key_pos[None, :] <= query_pos[:, None]  # [L, C]
+    # 4-D inputs: with 3-D ones torch's CPU SDPA falls back to its math path (4x slower here
+    # for a 1,024-token prefill: 91 vs 22 ms a layer in float32, 177 vs 23 in bfloat16).
     o = F.scaled_dot_product_attention(
-        q[rows].transpose(0, 1),
-        context[:, 0].transpose(0, 1),
-        context[:, 1].transpose(0, 1),
+        q[rows].transpose(0, 1)[None],
+        context[:, 0].transpose(0, 1)[None],
+        context[:, 1].transpose(0, 1)[None],
         attn_mask=mask,
         is_causal=is_causal,
         scale=scale,
         enable_gqa=True,
-    )  # [nh, L, d]
+    )[0]  # [nh, L, d]
     return o.transpose(0, 1)
 
 
 def _decode_attention(
-    q: torch.Tensor, context: torch.Tensor, bias: torch.Tensor, scale: float
+    q: torch.Tensor, context: torch.Tensor, bias: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """q: [B, nh, d]; context: [B, C, 2, nkv, d]; bias: [B, 1, 1, C] → [B, nh, d].
+    """q: [B, nh, d]; context: [B, C, 2, nkv, d]; bias: [B, 1, 1, C] or None → [B, nh, d].
 
-    Two batched matmuls with the query heads grouped under their KV head (GQA), instead of a
-    scaled_dot_product_attention call per sequence: SDPA takes its slow generic path for a
-    one-row query with grouped heads (~240 us a call here, vs ~30 us for this).
+    GQA without repeating K/V: the g query heads that share a KV head become g query *rows* of
+    that head, so SDPA sees [B, nkv, g, d] against [B, nkv, C, d] — no causal mask is needed for
+    one new token, only the padding bias. Measured here (SmolLM2 heads, 2 threads), 3x faster
+    than two batched matmuls (C=1500, B=3: 0.44 vs 1.29 ms a layer) and 5x faster than SDPA's
+    own enable_gqa path for a one-row query.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = context.shape[3]
-    qg = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, nkv, g, d]
-    keys = context[:, :, 0].permute(0, 2, 3, 1)  # [B, nkv, d, C]
-    values = context[:, :, 1].transpose(1, 2)  # [B, nkv, C, d]
-    scores = torch.add(bias, torch.matmul(qg, keys), alpha=scale)  # float32 [B, nkv, g, C]
-    probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).reshape(batch, num_heads, head_dim)
+    qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, nkv, g, d]
+    keys = context[:, :, 0].transpose(1, 2)  # [B, nkv, C, d]
+    values = context[:, :, 1].transpose(1, 2)
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias, scale=scale)
+    return out.reshape(batch, num_heads, head_dim)

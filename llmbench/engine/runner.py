@@ -30,7 +30,9 @@ class ModelRunner:
             positions += range(start, start + n)
             if item.needs_logits:
                 logit_rows.append(len(input_ids) - 1)
-        attention = build_attention_batch(chunks, self.kv_cache.block_size, self.device)
+        attention = build_attention_batch(
+            chunks, self.kv_cache.block_size, self.device, self.model.dtype
+        )
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         hidden = self.model.forward(ids, pos, attention, self.kv_cache)

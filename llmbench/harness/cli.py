@@ -7,6 +7,7 @@ Engine imports are done inside the commands that need them, so `llmbench --help`
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -145,6 +146,96 @@ def generate(
         f"blocks x {kv.block_size} tokens = {kv.num_bytes / 2**20:.0f} MiB] "
         f"finish={finish_reason} {stats}",
         err=True,
+    )
+
+
+@cli.command()
+@click.argument("workload")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="override a spec field, e.g. --set load.concurrency=8 (repeatable)",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="run folder (default: <output_dir>/<name>-<time>)",
+)
+def run(workload: str, overrides: tuple[str, ...], out: Path | None) -> None:
+    """Benchmark WORKLOAD (a YAML file, or a shipped name: chat, rag, agentic).
+
+    Prints a summary and, as the last line of stdout, the run folder."""
+    from llmbench.harness.run import execute
+    from llmbench.harness.spec import load_spec
+
+    spec = load_spec(_workload_path(workload), list(overrides))
+    execute(spec, out)
+
+
+def _workload_path(workload: str) -> Path:
+    path = Path(workload)
+    if path.is_file():
+        return path
+    shipped = Path(__file__).resolve().parents[1] / "workloads" / f"{workload}.yaml"
+    if path.suffix == "" and shipped.is_file():
+        return shipped
+    raise UserError(
+        f"workload '{workload}': no such file; give a YAML path or one of chat, rag, agentic"
+    )
+
+
+@cli.command()
+@click.option("--model", "-m", default="smollm2-135m", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--dtype", default="float32", show_default=True, type=_DTYPE)
+@click.option("--device", default="auto", show_default=True, type=_DEVICE)
+@click.option("--threads", default=None, type=int)
+@click.option("--kv-cache-memory", default=None, type=float)
+@click.option("--max-num-seqs", default=64, show_default=True, type=int)
+@click.option("--no-prefix-caching", is_flag=True)
+def serve(
+    model: str,
+    host: str,
+    port: int,
+    dtype: str,
+    device: str,
+    threads: int | None,
+    kv_cache_memory: float | None,
+    max_num_seqs: int,
+    no_prefix_caching: bool,
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
+    from llmbench.engine.engine import EngineConfig, LLMEngine
+    from llmbench.harness.serve import run_server
+
+    engine = LLMEngine(
+        EngineConfig(
+            model=model,
+            dtype=dtype,
+            device=device,
+            num_threads=threads,
+            kv_cache_memory=kv_cache_memory,
+            max_num_seqs=max_num_seqs,
+            enable_prefix_caching=not no_prefix_caching,
+        )
+    )
+    kv = engine.kv_cache
+    click.echo(
+        f"llmbench serve: {engine.source_description}, {dtype} on {engine.device}; "
+        f"kv cache {kv.num_blocks} blocks x {kv.block_size} tokens "
+        f"({kv.num_bytes / 2**20:.0f} MiB)",
+        err=True,
+    )
+    run_server(
+        engine,
+        model,
+        host=host,
+        port=port,
+        on_ready=lambda p: click.echo(f"listening on http://{host}:{p}/v1", err=True),
     )
 
 

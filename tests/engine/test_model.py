@@ -58,7 +58,9 @@ def _our_logits(folder, prompt: list[int], tokens: list[int], block_size: int):
 
     def run(ids: list[int], start: int) -> torch.Tensor:
         end = start + len(ids)
-        batch = build_attention_batch([Chunk(start, len(ids), table)], block_size, cache.kv.device)
+        batch = build_attention_batch(
+            [Chunk(start, len(ids), table)], block_size, cache.kv.device, torch.float32
+        )
         hidden = model.forward(torch.tensor(ids), torch.arange(start, end), batch, cache)
         return model.compute_logits(hidden[-1:])[0]
 

@@ -1,0 +1,1 @@
+"""Backends the driver can measure: the in-process engine and OpenAI-compatible servers."""

@@ -1,0 +1,190 @@
+"""The run folder: results.json (versioned schema), requests.jsonl, steps.jsonl.
+
+Everything a report needs is in the folder, with the provenance that makes two runs comparable:
+git sha, versions, device, model, dtype, spec hash, seed, and how busy the machine was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_sha() -> str | None:
+    """The commit of the llmbench source in use (None outside a git checkout)."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=5,
+    ).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _busy_cpu_s() -> float | None:
+    """CPU seconds all processes have spent busy since boot (/proc/stat; None off Linux)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, idle, iowait, irq, softirq = (int(v) for v in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class LoadMonitor:
+    """How busy the machine was around a run: load average, and CPU used by *other* processes.
+
+    On 2 cores a compile on the other core halves every number (FIELD-NOTES), so a run is
+    flagged busy when the 1-minute load was above half the cores before it started, or when
+    other processes used more than a quarter of a core on average during it (all busy CPU time
+    minus this process's own).
+    """
+
+    def __init__(self, interval_s: float = 1.0):
+        self.before = os.getloadavg()[0]
+        self.samples: list[float] = []
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._other_cpu_s: float | None = None
+        self._wall_s = 0.0
+
+    def __enter__(self) -> LoadMonitor:
+        self._t0 = time.perf_counter()
+        self._busy0, self._own0 = _busy_cpu_s(), _own_cpu_s()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._wall_s = time.perf_counter() - self._t0
+        busy1 = _busy_cpu_s()
+        if busy1 is not None and self._busy0 is not None:
+            self._other_cpu_s = max(0.0, (busy1 - self._busy0) - (_own_cpu_s() - self._own0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def as_dict(self) -> dict[str, Any]:
+        cores = os.cpu_count() or 1
+        other = None
+        if self._other_cpu_s is not None and self._wall_s > 0:
+            other = round(self._other_cpu_s / self._wall_s, 2)
+        return {
+            "cpu_count": cores,
+            "loadavg_1m_before": round(self.before, 2),
+            "loadavg_1m_max_during": round(max(self.samples, default=self.before), 2),
+            "other_processes_cores": other,  # mean cores busy with other work during the run
+            "is_busy": self.before > 0.5 * cores or (other is not None and other > 0.25),
+        }
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def provenance(
+    spec_dict: dict, spec_hash: str, workload_hash: str, device: dict, load: dict
+) -> dict[str, Any]:
+    return {
+        "git_sha": git_sha(),
+        "versions": {
+            "llmbench": _version("llmbench"),
+            "python": sys.version.split()[0],
+            "torch": _version("torch"),
+            "transformers": _version("transformers"),
+            "aiohttp": _version("aiohttp"),
+        },
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "device": device,
+        "model": spec_dict["model"],
+        "dtype": spec_dict["dtype"],
+        "backend": spec_dict["backend"]["kind"],
+        "spec_hash": spec_hash,
+        "workload_hash": workload_hash,
+        "seed": spec_dict["seed"],
+        "machine_load": load,
+        "created_unix_s": time.time(),  # wall clock only as a label; durations use perf_counter
+    }
+
+
+def write_run(
+    out_dir: Path, results: dict[str, Any], records: list, steps: list, sessions: list
+) -> None:
+    """Write the folder; results.json last and atomically, so a folder that has it is whole."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "requests.jsonl").open("w") as f:
+        for record in records:
+            f.write(json.dumps(dataclasses.asdict(record)) + "\n")
+    with (out_dir / "steps.jsonl").open("w") as f:
+        for step in steps:
+            f.write(json.dumps(dataclasses.asdict(step)) + "\n")
+    with (out_dir / "sessions.jsonl").open("w") as f:
+        for session in sessions:
+            f.write(json.dumps(dataclasses.asdict(session)) + "\n")
+    tmp = out_dir / "results.json.tmp"
+    tmp.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **results}, indent=2))
+    tmp.replace(out_dir / "results.json")
+
+
+def session_summary(sessions: list) -> dict[str, Any]:
+    """Job-level metrics: how long sessions took and where the time went."""
+    done = [s for s in sessions if s.num_requests]
+    if not done:
+        return {"num_sessions": 0}
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    prompt = sum(s.prompt_tokens for s in done)
+    return {
+        "num_sessions": len(done),
+        "num_failed_sessions": sum(1 for s in done if s.num_failed),
+        "mean_session_s": mean([(s.end_ns - s.start_ns) / 1e9 for s in done]),
+        "mean_model_wait_s": mean([s.model_wait_ns / 1e9 for s in done]),
+        "mean_tool_wait_s": mean([s.tool_wait_ns / 1e9 for s in done]),
+        "mean_requests_per_session": mean([s.num_requests for s in done]),
+        "prefix_cache_hit_rate": sum(s.cached_tokens for s in done) / prompt if prompt else None,
+    }

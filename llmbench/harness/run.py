@@ -1,0 +1,240 @@
+"""`llmbench run`: spec → backend → warm-up → measured sessions → run folder + summary."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from llmbench.errors import UserError
+from llmbench.harness import arrivals, metrics
+from llmbench.harness.driver import DriveOptions, Driver
+from llmbench.harness.records import RequestRecord
+from llmbench.harness.results import LoadMonitor, cpu_name, provenance, session_summary, write_run
+from llmbench.harness.spec import RunSpec
+from llmbench.harness.workloads import Session, Tokens, build_sessions, sessions_hash
+
+
+def _open_backend(spec: RunSpec):
+    """The backend and the client-side tokenizer (the model's own, for exact prompt counts)."""
+    if spec.backend.kind == "engine":
+        from llmbench.engine.engine import EngineConfig
+        from llmbench.harness.backends.engine import EngineBackend
+
+        e = spec.engine
+        backend = EngineBackend(
+            EngineConfig(
+                model=spec.model,
+                dtype=spec.dtype,
+                device=spec.device,
+                block_size=e.block_size,
+                kv_cache_memory=e.kv_cache_memory,
+                max_num_batched_tokens=e.max_num_batched_tokens,
+                max_num_seqs=e.max_num_seqs,
+                enable_prefix_caching=e.prefix_caching,
+                num_threads=e.threads,
+            )
+        )
+        return backend, backend.engine.tokenizer
+    if spec.backend.kind == "openai":
+        from llmbench.engine.weights import open_weights
+        from llmbench.harness.backends.openai import OpenAIBackend
+
+        tokenizer = open_weights(spec.model).tokenizer()
+        backend = OpenAIBackend(
+            spec.backend.url,
+            model=spec.backend.served_model,
+            count_tokens=lambda text: len(tokenizer.encode(text)),
+            timeout_s=spec.backend.timeout_s,
+        )
+        return backend, tokenizer
+    raise UserError(
+        f"backend.kind: '{spec.backend.kind}' is not available in this version; "
+        f"use engine or openai"
+    )
+
+
+def _device_info(spec: RunSpec, backend) -> dict[str, Any]:
+    if spec.backend.kind == "engine":
+        import torch
+
+        device = backend.engine.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+        return {
+            "type": device.type,
+            "name": name,
+            "threads": torch.get_num_threads(),
+            "kernels": "torch reference ops",
+        }
+    return {"type": "remote", "url": spec.backend.url}
+
+
+class Progress:
+    """One status line on stderr: requests done, output tokens/s, errors."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.done = self.failed = self.tokens = 0
+        self.start = time.perf_counter()
+        self.is_tty = sys.stderr.isatty()
+
+    def __call__(self, record: RequestRecord) -> None:
+        if record.is_warmup:
+            return
+        self.done += 1
+        self.failed += not record.ok
+        self.tokens += record.num_output_tokens
+        if self.is_tty or self.done == self.total or self.done % max(1, self.total // 10) == 0:
+            rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
+            end = "\n" if not self.is_tty or self.done == self.total else ""
+            print(
+                f"\r  {self.done}/{self.total} requests, {rate:.1f} output tok/s, "
+                f"{self.failed} errors",
+                end=end,
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+async def _drive(
+    driver: Driver,
+    backend,
+    spec: RunSpec,
+    sessions: list[Session],
+    warmup: list[Session],
+    point: float | None,
+) -> None:
+    try:
+        await backend.start()
+    except Exception as e:  # noqa: BLE001 — e.g. an unreachable server: the user's to fix
+        raise UserError(f"backend {spec.backend.kind}: {e}") from None
+    try:
+        await driver.warm_up(warmup)
+        # Everything allocated so far lives for the whole run: keep the garbage collector off
+        # it, or a full collection (torch is imported) stalls every stream for 20-40 ms.
+        gc.collect()
+        gc.freeze()
+        load = spec.load
+        if load.kind == "concurrency":
+            await driver.run_closed_loop(sessions, int(point or load.concurrency))
+        else:
+            rate = point or load.rate_per_s
+            n = len(sessions)
+            if load.kind == "constant":
+                offsets = arrivals.constant_offsets(rate, n)
+            elif load.kind == "poisson":
+                offsets = arrivals.poisson_offsets(rate, n, spec.seed)
+            elif load.kind == "gamma":
+                offsets = arrivals.gamma_offsets(rate, load.burstiness, n, spec.seed)
+            else:
+                offsets = arrivals.trace_offsets(Path(load.trace))
+                if len(offsets) < n:
+                    sessions = sessions[: len(offsets)]
+                offsets = offsets[: len(sessions)]
+            await driver.run_open_loop(sessions, offsets)
+    finally:
+        await backend.close()
+
+
+def execute(spec: RunSpec, out_dir: Path | None) -> Path:
+    """Run the spec (every sweep point) and write the run folder; returns its path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    root = out_dir or Path(spec.output_dir) / f"{spec.name}-{stamp}"
+    if not spec.load.sweep:
+        return _execute_point(spec, root, None)
+    for value in arrivals.sweep_points(list(spec.load.sweep)):
+        _execute_point(spec, root / f"point-{value:g}", value)
+    return root
+
+
+def _execute_point(spec: RunSpec, folder: Path, point: float | None) -> Path:
+    backend, tokenizer = _open_backend(spec)
+    tokens = Tokens(tokenizer.encode, tokenizer.decode)
+    sessions = build_sessions(spec.workload, spec.seed, tokens)
+    warm_spec = replace(spec.workload, sessions=spec.warmup_requests)
+    warmup = build_sessions(warm_spec, spec.seed, tokens, salt="warmup-")
+    use_chat = spec.backend.api == "chat"
+    driver = Driver(
+        backend,
+        count_prompt_tokens=lambda messages: len(tokenizer.encode_chat(messages)),
+        render_prompt=tokenizer.apply_chat_template,
+        options=DriveOptions(use_chat, spec.temperature, spec.ignore_eos),
+        on_record=Progress(sum(len(s.turns) for s in sessions)),
+    )
+    interrupted = False
+    with LoadMonitor() as monitor:
+        try:
+            asyncio.run(_drive(driver, backend, spec, sessions, warmup, point))
+        except KeyboardInterrupt:
+            interrupted = True
+            print("\ninterrupted: saving what was measured", file=sys.stderr)
+    records = driver.result.records
+    summary = metrics.summarize(records, spec.slo)
+    summary["sessions"] = session_summary(driver.result.sessions)
+    load = monitor.as_dict()
+    summary["machine_busy"] = load["is_busy"]
+    spec_dict = spec.to_dict()
+    results = {
+        "name": spec.name,
+        "interrupted": interrupted,
+        "sweep_point": point,
+        "provenance": provenance(
+            spec_dict, spec.hash(), sessions_hash(sessions), _device_info(spec, backend), load
+        ),
+        "spec": spec_dict,
+        "summary": summary,
+    }
+    steps = getattr(backend, "step_records", [])
+    write_run(folder, results, records, steps, driver.result.sessions)
+    print(format_summary(results), file=sys.stderr if point is not None else sys.stdout)
+    print(folder)
+    if interrupted:
+        raise KeyboardInterrupt
+    return folder
+
+
+def format_summary(results: dict[str, Any]) -> str:
+    """The table printed after a run (also what `report.md` will start from)."""
+    s, p = results["summary"], results["provenance"]
+    header = (
+        f"{results['name']}: {p['backend']} {p['model']} {p['dtype']} on "
+        f"{p['device'].get('name', '?')} - {s['num_completed']} requests completed, "
+        f"{s['num_failed']} failed in {s['duration_s'] or 0:.1f} s"
+    )
+    lines = [
+        header,
+        f"{'':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}",
+    ]
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
+        d = s[name]
+        cells = "".join(
+            f"{d[k]:>10.1f}" if d[k] is not None else f"{'-':>10}"
+            for k in ("mean", "p50", "p90", "p99", "max")
+        )
+        lines.append(f"{name:<10}{cells}")
+    hit = s.get("prefix_cache_hit_rate")
+    lines.append(
+        f"throughput: {s['output_tok_per_s']:.1f} output tok/s, {s['input_tok_per_s']:.1f} input "
+        f"tok/s, {s['request_per_s']:.2f} req/s; goodput {s['goodput_request_per_s']:.2f} req/s; "
+        f"prefix-cache hit rate {'-' if hit is None else f'{hit:.2f}'}"
+    )
+    sessions = s.get("sessions", {})
+    if sessions.get("num_sessions"):
+        lines.append(
+            f"sessions: {sessions['num_sessions']}, mean {sessions['mean_session_s']:.1f} s "
+            f"(waiting on the model {sessions['mean_model_wait_s']:.1f} s, on tools "
+            f"{sessions['mean_tool_wait_s']:.1f} s)"
+        )
+    if s.get("machine_busy"):
+        load = p["machine_load"]
+        lines.append(
+            f"WARNING: the machine was busy (load average {load['loadavg_1m_before']} "
+            f"on {load['cpu_count']} cores before the run): numbers are pessimistic"
+        )
+    if results.get("interrupted"):
+        lines.append("interrupted: partial results")
+    return "\n".join(lines)

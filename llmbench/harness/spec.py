@@ -1,0 +1,347 @@
+"""`RunSpec`: one YAML file says everything a run needs, checked strictly on the way in.
+
+Unknown keys, wrong types and impossible values are refused with the file, the key path and the
+line: `workloads/x.yaml:12: load.rate_per_s: must be > 0, got -1`. `--set key.path=value`
+overrides go through the same checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from llmbench.errors import UserError
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A length or delay distribution: fixed, uniform, normal, lognormal or empirical."""
+
+    dist: Literal["fixed", "uniform", "normal", "lognormal", "empirical"] = "fixed"
+    value: float | None = None  # fixed
+    min: float | None = None  # uniform (and a floor for normal / lognormal)
+    max: float | None = None  # uniform (and a ceiling for normal / lognormal)
+    mean: float | None = None  # normal, lognormal (the mean of the distribution itself)
+    std: float | None = None  # normal
+    sigma: float | None = None  # lognormal: std of the underlying normal
+    values: tuple[float, ...] | None = None  # empirical: drawn uniformly from these
+
+    def check(self, path: str) -> None:
+        required = {
+            "fixed": ("value",),
+            "uniform": ("min", "max"),
+            "normal": ("mean", "std"),
+            "lognormal": ("mean", "sigma"),
+            "empirical": ("values",),
+        }[self.dist]
+        for name in required:
+            if getattr(self, name) is None:
+                raise SpecError(f"{path}.{name}", f"required for dist '{self.dist}'")
+        if self.dist == "uniform" and self.min > self.max:
+            raise SpecError(f"{path}.min", f"must be <= max ({self.max}), got {self.min}")
+        if self.dist == "empirical" and not self.values:
+            raise SpecError(f"{path}.values", "must be a non-empty list")
+        for name in ("value", "min", "max", "mean", "std", "sigma"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise SpecError(f"{path}.{name}", f"must be >= 0, got {value}")
+        if self.values and any(v < 0 for v in self.values):
+            raise SpecError(f"{path}.values", "must all be >= 0")
+
+
+def fixed(value: float) -> Dist:
+    return Dist(dist="fixed", value=value)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    kind: Literal["engine", "openai", "transformers"] = "engine"
+    url: str | None = None  # openai: base URL, e.g. http://127.0.0.1:8000/v1
+    api: Literal["chat", "completions"] = "chat"
+    served_model: str | None = None  # openai: the model name to ask for (default: the first)
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    prefix_caching: bool = True
+    kv_cache_memory: float | None = None
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    kind: Literal["chat", "rag", "agentic"] = "chat"
+    sessions: int = 8
+    system_prompt_tokens: int = 200  # shared by every session
+    turns: Dist = field(default_factory=lambda: fixed(3))  # chat: user turns per session
+    user_tokens: Dist = field(default_factory=lambda: fixed(64))
+    output_tokens: Dist = field(default_factory=lambda: fixed(64))
+    think_time_s: Dist = field(default_factory=lambda: fixed(0.0))  # chat: between turns
+    # rag
+    num_documents: int = 50  # corpus size
+    docs_per_query: int = 3
+    document_tokens: Dist = field(default_factory=lambda: fixed(300))
+    zipf_s: float = 1.1  # popularity skew of the corpus
+    # agentic
+    tool_schema_tokens: int = 600  # shared, after the system prompt
+    tool_steps: Dist = field(default_factory=lambda: fixed(3))  # tool calls before the answer
+    tool_result_tokens: Dist = field(default_factory=lambda: fixed(300))
+    tool_latency_s: Dist = field(default_factory=lambda: fixed(0.2))
+    final_output_tokens: Dist = field(default_factory=lambda: fixed(64))
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    kind: Literal["concurrency", "constant", "poisson", "gamma", "trace"] = "concurrency"
+    concurrency: int = 4  # sessions in flight (closed loop)
+    rate_per_s: float | None = None  # sessions started per second (open loop)
+    burstiness: float = 1.0  # gamma shape; 1 = Poisson
+    trace: str | None = None  # JSONL with a `timestamp` per session start
+    sweep: tuple[float, ...] | None = None  # concurrencies or rates: one result per point
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str = "run"
+    seed: int = 0
+    model: str = "smollm2-135m"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: BackendSpec = field(default_factory=BackendSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    load: LoadSpec = field(default_factory=LoadSpec)
+    warmup_requests: int = 1
+    slo: dict[str, float] = field(default_factory=dict)  # e.g. ttft_ms: 2000, tpot_ms: 200
+    temperature: float = 0.0
+    ignore_eos: bool = True  # lengths follow the spec, not the model's whims
+    output_dir: str = "runs"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """sha256 of the canonical JSON of the spec: same spec, same hash."""
+        text = json.dumps(self.to_dict(), sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+class SpecError(UserError):
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load_spec(path: Path, overrides: list[str] = ()) -> RunSpec:
+    """Read a workload YAML, apply `key.path=value` overrides, and check everything."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror}); give a workload YAML") from None
+    try:
+        root = yaml.compose(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise UserError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    lines: dict[str, int] = {}
+    data = _plain(root, "", lines) if root is not None else {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level must be a mapping of keys")
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {override}: expected key.path=value")
+        _set_path(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+        lines[key.strip()] = 0
+    try:
+        spec = _build(RunSpec, data, "")
+        _check(spec)
+    except SpecError as e:
+        line = _line_for(e.path, lines)
+        where = f"{path}:{line}" if line else str(path)
+        raise UserError(f"{where}: {e.path}: {e.reason}") from None
+    return spec
+
+
+def _plain(node: yaml.Node, path: str, lines: dict[str, int]) -> Any:
+    """YAML node → plain Python, remembering the line of every key path."""
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            sub = f"{path}.{key}" if path else key
+            if key in out:
+                raise UserError(f"line {key_node.start_mark.line + 1}: {sub}: duplicate key")
+            out[key] = _plain(value_node, sub, lines)
+            lines[sub] = key_node.start_mark.line + 1  # errors point at the key, not its value
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_plain(v, f"{path}[{i}]", lines) for i, v in enumerate(node.value)]
+    return yaml.safe_load(yaml.serialize(node))
+
+
+def _line_for(path: str, lines: dict[str, int]) -> int:
+    while path:
+        if path in lines:
+            return lines[path]
+        path = path.rpartition(".")[0]
+    return 0
+
+
+def _set_path(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"--set {key}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise SpecError(path or "(top)", f"must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        sub = f"{path}.{key}" if path else key
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise SpecError(sub, f"unknown key; known keys here: {known}")
+        kwargs[key] = _convert(hints[key], value, sub)
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, path)
+            except SpecError as e:
+                errors.append(e.reason)
+        raise SpecError(path, errors[0] if errors else "must not be empty")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise SpecError(path, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise SpecError(path, f"must be a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)[:1]
+        return tuple(_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SpecError(path, f"must be a mapping, got {type(value).__name__}")
+        _, vtype = typing.get_args(tp)
+        return {str(k): _convert(vtype, v, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, (int, float)) and tp is Dist:
+            return fixed(value)  # shorthand: `output_tokens: 64`
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise SpecError(path, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(path, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(path, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise SpecError(path, f"must be a string, got {value!r}")
+        return value
+    raise SpecError(path, f"unsupported type {tp}")
+
+
+def _check(spec: RunSpec) -> None:
+    """Values that are well-typed but impossible."""
+    w, load, eng = spec.workload, spec.load, spec.engine
+    positive = {
+        "workload.sessions": w.sessions,
+        "engine.block_size": eng.block_size,
+        "engine.max_num_batched_tokens": eng.max_num_batched_tokens,
+        "engine.max_num_seqs": eng.max_num_seqs,
+        "load.concurrency": load.concurrency,
+        "workload.docs_per_query": w.docs_per_query,
+        "workload.num_documents": w.num_documents,
+        "workload.zipf_s": w.zipf_s,
+        "backend.timeout_s": spec.backend.timeout_s,
+    }
+    for path, value in positive.items():
+        if value <= 0:
+            raise SpecError(path, f"must be > 0, got {value}")
+    for path, value in {
+        "workload.system_prompt_tokens": w.system_prompt_tokens,
+        "workload.tool_schema_tokens": w.tool_schema_tokens,
+        "warmup_requests": spec.warmup_requests,
+        "temperature": spec.temperature,
+    }.items():
+        if value < 0:
+            raise SpecError(path, f"must be >= 0, got {value}")
+    for name in (
+        "turns",
+        "user_tokens",
+        "output_tokens",
+        "think_time_s",
+        "document_tokens",
+        "tool_steps",
+        "tool_result_tokens",
+        "tool_latency_s",
+        "final_output_tokens",
+    ):
+        getattr(w, name).check(f"workload.{name}")
+    if w.docs_per_query > w.num_documents:
+        raise SpecError("workload.docs_per_query", f"must be <= num_documents ({w.num_documents})")
+    if load.kind in ("constant", "poisson", "gamma"):
+        if load.rate_per_s is None and not load.sweep:
+            raise SpecError("load.rate_per_s", f"required for load kind '{load.kind}'")
+        if load.rate_per_s is not None and load.rate_per_s <= 0:
+            raise SpecError("load.rate_per_s", f"must be > 0, got {load.rate_per_s}")
+    if load.burstiness <= 0:
+        raise SpecError("load.burstiness", f"must be > 0, got {load.burstiness}")
+    if load.kind == "trace" and not load.trace:
+        raise SpecError("load.trace", "required for load kind 'trace'")
+    if load.sweep is not None and (not load.sweep or any(v <= 0 for v in load.sweep)):
+        raise SpecError("load.sweep", "must be a non-empty list of values > 0")
+    if spec.backend.kind == "openai" and not spec.backend.url:
+        raise SpecError("backend.url", "required for backend kind 'openai'")
+    for key, limit in spec.slo.items():
+        if key not in SLO_KEYS:
+            raise SpecError(f"slo.{key}", f"unknown SLO; use {', '.join(SLO_KEYS)}")
+        if limit <= 0:
+            raise SpecError(f"slo.{key}", f"must be > 0, got {limit}")

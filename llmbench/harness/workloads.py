@@ -1,0 +1,216 @@
+"""Chat, RAG and agentic sessions: a pure function of the workload spec, the seed and a tokenizer.
+
+A session is a system prompt and a list of turns. The driver sends turn k with every earlier
+turn and the model's *real* replies in the history (multi-turn that is real, FIELD-NOTES pitfall
+7). Text is real words with an exact token count that survives decode → encode (pitfall 3), and
+only what the workload means to share is shared: the system prompt, tool schemas, and popular
+RAG documents; everything else differs per session and per seed (pitfall 6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmbench.errors import UserError
+from llmbench.harness.spec import Dist, WorkloadSpec
+
+_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which "
+    "but have an they you were her she there been one all we their has would when if so no will "
+    "more can about said up out time what some other into could very then than first made like "
+    "water people may long over just year new way work world day life part place after back "
+    "little only round man came show every good me give our under name through just form great "
+    "think say help low line differ turn cause much mean before move right boy old too same tell "
+    "does set three want air well also play small end put home read hand port large spell add "
+    "even land here must big high such follow act why ask men change went light kind off need "
+    "house picture try again animal point mother near build self earth father head stand own "
+    "page should country found answer school grow study still learn plant cover food sun four "
+    "between state keep eye never last let thought city tree cross farm hard start might story "
+    "saw far sea draw left late run while press close night real north open seem together next "
+    "white children begin got walk example ease paper group always music those both mark often "
+    "letter until mile river car feet care second book carry took science eat room friend began "
+    "idea fish mountain stop once base hear horse cut sure watch color face wood main enough "
+    "plain girl usual young ready above ever red list though feel talk bird soon body dog family "
+    "direct pose leave song measure door product black short numeral class wind question happen "
+    "complete ship area half rock order fire south problem piece told knew pass since top whole "
+    "king space heard best hour better true during hundred five remember step early hold west "
+    "ground interest reach fast verb sing listen six table travel less morning ten simple several"
+).split()
+
+
+class Tokens:
+    """The model's tokenizer, as the workload needs it: encode and decode."""
+
+    def __init__(self, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]):
+        self.encode = encode
+        self.decode = decode
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def text(self, num_tokens: int, rng: random.Random) -> str:
+        """Real words whose encoding is exactly num_tokens long, and stays so after
+        decode → encode (a client that re-tokenizes gets the same count)."""
+        if num_tokens <= 0:
+            return ""
+        words: list[str] = []
+        ids: list[int] = []
+        while len(ids) < num_tokens:
+            words += rng.choices(_WORDS, k=max(8, num_tokens - len(ids)))
+            ids = self.encode(" ".join(words))
+        for keep in range(num_tokens, 0, -1):
+            text = self.decode(ids[:keep])
+            if self.encode(text) == ids[:keep]:
+                return self._pad(text, num_tokens)
+        raise UserError(f"workload: cannot make text of {num_tokens} tokens with this tokenizer")
+
+    def _pad(self, text: str, num_tokens: int) -> str:
+        """Append single-token fillers until the count is exact."""
+        for _ in range(num_tokens):
+            count = self.count(text)
+            if count == num_tokens:
+                return text
+            for filler in (".", ",", " and", " a", "!"):
+                if self.count(text + filler) == count + 1:
+                    text += filler
+                    break
+            else:
+                break
+        if self.count(text) != num_tokens:
+            raise UserError(f"workload: cannot make text of exactly {num_tokens} tokens")
+        return text
+
+
+def draw(dist: Dist, rng: random.Random) -> float:
+    """One sample of a length or delay distribution, clipped to [min, max] when given."""
+    if dist.dist == "fixed":
+        value = dist.value
+    elif dist.dist == "uniform":
+        value = rng.uniform(dist.min, dist.max)
+    elif dist.dist == "normal":
+        value = rng.gauss(dist.mean, dist.std)
+    elif dist.dist == "lognormal":
+        # Parameterised by the distribution's own mean: mu = ln(mean) - sigma^2 / 2.
+        mu = math.log(max(dist.mean, 1e-9)) - dist.sigma**2 / 2
+        value = rng.lognormvariate(mu, dist.sigma)
+    else:
+        value = rng.choice(dist.values)
+    if dist.min is not None and dist.dist != "uniform":
+        value = max(value, dist.min)
+    if dist.max is not None and dist.dist != "uniform":
+        value = min(value, dist.max)
+    return max(value, 0.0)
+
+
+def draw_count(dist: Dist, rng: random.Random) -> int:
+    """A token or turn count: a sample rounded to an integer, at least 1."""
+    return max(1, round(draw(dist, rng)))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model call of a session."""
+
+    content: str  # the new user (or tool-result) message
+    max_tokens: int
+    delay_s: float  # think time or tool latency before it is sent (0 for the first turn)
+    is_tool_result: bool = False
+
+
+@dataclass(frozen=True)
+class Session:
+    session_id: str
+    system_prompt: str
+    turns: tuple[Turn, ...]
+
+
+def build_sessions(spec: WorkloadSpec, seed: int, tokens: Tokens, salt: str = "") -> list[Session]:
+    """The sessions of a workload; the same spec, seed, tokenizer and salt give the same list.
+
+    `salt` changes every non-shared text (warm-up sessions use one so they never share prompts
+    with the measured ones).
+    """
+    shared = random.Random(f"{seed}:shared")
+    system = tokens.text(spec.system_prompt_tokens, shared)
+    if spec.kind == "agentic":
+        system = system + "\n\nTools:\n" + tokens.text(spec.tool_schema_tokens, shared)
+    corpus = []
+    if spec.kind == "rag":
+        corpus = [
+            tokens.text(draw_count(spec.document_tokens, shared), shared)
+            for _ in range(spec.num_documents)
+        ]
+    sessions = []
+    for index in range(spec.sessions):
+        rng = random.Random(f"{seed}:{salt}:session:{index}")
+        if spec.kind == "chat":
+            turns = _chat_turns(spec, rng, tokens)
+        elif spec.kind == "rag":
+            turns = _rag_turns(spec, rng, tokens, corpus)
+        else:
+            turns = _agentic_turns(spec, rng, tokens)
+        sessions.append(Session(f"{salt}s{index}", system, tuple(turns)))
+    return sessions
+
+
+def _chat_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens) -> list[Turn]:
+    turns = []
+    for k in range(draw_count(spec.turns, rng)):
+        delay = draw(spec.think_time_s, rng) if k else 0.0
+        turns.append(
+            Turn(
+                tokens.text(draw_count(spec.user_tokens, rng), rng),
+                draw_count(spec.output_tokens, rng),
+                delay,
+            )
+        )
+    return turns
+
+
+def _rag_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens, corpus: list[str]):
+    # Zipf popularity: document i is picked with weight 1 / (i + 1)^s.
+    weights = [1.0 / (i + 1) ** spec.zipf_s for i in range(len(corpus))]
+    chosen: list[int] = []
+    while len(chosen) < spec.docs_per_query:
+        (i,) = rng.choices(range(len(corpus)), weights=weights)
+        if i not in chosen:
+            chosen.append(i)
+    documents = "\n\n".join(f"Document {i}:\n{corpus[i]}" for i in chosen)
+    question = tokens.text(draw_count(spec.user_tokens, rng), rng)
+    content = f"{documents}\n\nQuestion: {question}"
+    return [Turn(content, draw_count(spec.output_tokens, rng), 0.0)]
+
+
+def _agentic_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens) -> list[Turn]:
+    task = tokens.text(draw_count(spec.user_tokens, rng), rng)
+    turns = [Turn(task, draw_count(spec.output_tokens, rng), 0.0)]
+    num_steps = round(draw(spec.tool_steps, rng))
+    for step in range(num_steps):
+        result = tokens.text(draw_count(spec.tool_result_tokens, rng), rng)
+        is_last = step == num_steps - 1
+        max_tokens = draw_count(spec.final_output_tokens if is_last else spec.output_tokens, rng)
+        turns.append(
+            Turn(
+                f"Tool result:\n{result}",
+                max_tokens,
+                draw(spec.tool_latency_s, rng),
+                is_tool_result=True,
+            )
+        )
+    return turns
+
+
+def sessions_hash(sessions: list[Session]) -> str:
+    """A digest of every text and number of the sessions (reproducibility checks)."""
+    digest = hashlib.sha256()
+    for s in sessions:
+        digest.update(f"{s.session_id}\0{s.system_prompt}\0".encode())
+        for t in s.turns:
+            digest.update(
+                f"{t.content}\0{t.max_tokens}\0{t.delay_s}\0{t.is_tool_result}\0".encode()
+            )
+    return digest.hexdigest()[:16]

@@ -1,0 +1,1 @@
+"""The shipped workloads (YAML), found by name: `llmbench run agentic`."""

@@ -1,0 +1,280 @@
+"""Metrics against hand-computed values on hand-built records (times in round milliseconds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmbench.errors import UserError
+from llmbench.harness.metrics import (
+    distribution,
+    e2e_from_send_ms,
+    e2e_ms,
+    icl_samples_ms,
+    is_slo_met,
+    itl_samples_ms,
+    percentile,
+    queue_ms,
+    summarize,
+    tpot_ms,
+    ttft_from_send_ms,
+    ttft_ms,
+)
+from llmbench.harness.records import RequestRecord
+
+MS = 1_000_000  # ns
+
+
+def rec(
+    scheduled: int,
+    sent: int,
+    chunks: list[tuple[int, int]],
+    end: int,
+    *,
+    prompt: int = 0,
+    server_prompt: int | None = None,
+    cached: int | None = None,
+    error: str | None = None,
+    is_warmup: bool = False,
+) -> RequestRecord:
+    """A record whose times are given in ms; chunks are (t_ms, num_tokens)."""
+    return RequestRecord(
+        request_id="r",
+        session_id="s",
+        turn=0,
+        scheduled_ns=scheduled * MS,
+        sent_ns=sent * MS,
+        end_ns=end * MS,
+        chunk_ns=[t * MS for t, _ in chunks],
+        chunk_tokens=[k for _, k in chunks],
+        num_prompt_tokens=prompt,
+        server_prompt_tokens=server_prompt,
+        cached_tokens=cached,
+        error=error,
+        is_warmup=is_warmup,
+    )
+
+
+# One token per chunk; the driver sent it 2 ms late.
+A = rec(
+    10, 12, [(110, 1), (130, 1), (150, 1), (190, 1)], 200, prompt=100, server_prompt=100, cached=50
+)
+# Three tokens per chunk (speculative decoding / batched deltas); server counts 210 prompt tokens.
+B = rec(20, 20, [(70, 3), (100, 3), (130, 3)], 140, prompt=200, server_prompt=210)
+# A one-token reply.
+C = rec(30, 35, [(75, 1)], 80, prompt=50, cached=0)
+# Failed after 372 ms, no tokens; its end closes the measured window.
+D = rec(40, 40, [], 412, prompt=70, error="HTTP 500")
+# Warm-up: earlier and later than everything else, and must change nothing.
+W = rec(0, 0, [(5, 1), (900, 1)], 1000, prompt=1000, cached=1000, is_warmup=True)
+
+
+# --- per request ------------------------------------------------------------------------------
+
+
+def test_ttft_from_scheduled_and_from_send():
+    assert ttft_ms(A) == 100.0  # 110 − 10
+    assert ttft_from_send_ms(A) == 98.0  # 110 − 12
+    assert ttft_ms(B) == 50.0
+    assert ttft_ms(C) == 45.0 and ttft_from_send_ms(C) == 40.0
+    assert ttft_ms(D) is None and ttft_from_send_ms(D) is None
+
+
+def test_ttft_skips_chunks_without_tokens():
+    r = rec(0, 0, [(5, 0), (30, 2)], 40)
+    assert ttft_ms(r) == 30.0
+    assert icl_samples_ms(r) == []
+
+
+def test_tpot_counts_every_token_of_a_chunk():
+    assert tpot_ms(A) == pytest.approx(80 / 3)  # (190 − 110) / (4 − 1)
+    assert tpot_ms(B) == 7.5  # (130 − 70) / (9 − 1)
+    assert tpot_ms(C) is None  # one token: no TPOT
+    assert tpot_ms(D) is None
+    assert tpot_ms(rec(0, 0, [(50, 4)], 60)) == 0.0  # all tokens in one chunk
+
+
+def test_itl_gives_k_samples_per_k_token_chunk():
+    assert itl_samples_ms(A) == [20.0, 20.0, 40.0]
+    # Gaps of 30 ms carrying 3 tokens: 3 samples of 10 ms each; the first chunk's 2 extra
+    # tokens give none, so 9 − 3 = 6 samples summing to t_last − t_first = 60 ms.
+    assert itl_samples_ms(B) == [10.0] * 6
+    assert itl_samples_ms(C) == []
+    assert itl_samples_ms(rec(0, 0, [(10, 1), (30, 4)], 40)) == [5.0] * 4
+
+
+def test_icl_keeps_raw_chunk_gaps():
+    assert icl_samples_ms(A) == [20.0, 20.0, 40.0]
+    assert icl_samples_ms(B) == [30.0, 30.0]
+    assert icl_samples_ms(C) == []
+
+
+def test_e2e_and_queue():
+    assert e2e_ms(A) == 190.0  # 200 − 10
+    assert e2e_from_send_ms(A) == 188.0  # 200 − 12
+    assert queue_ms(A) == 2.0
+    assert queue_ms(B) == 0.0
+    assert queue_ms(C) == 5.0
+    unfinished = RequestRecord("r", "s", 0, scheduled_ns=5 * MS, sent_ns=6 * MS)
+    assert e2e_ms(unfinished) is None and e2e_from_send_ms(unfinished) is None
+
+
+def test_is_slo_met():
+    assert is_slo_met(A, {})
+    assert not is_slo_met(A, {"ttft_ms": 99.0})
+    assert is_slo_met(A, {"ttft_ms": 100.0})  # the limit itself is met
+    assert is_slo_met(A, {"ttft_from_send_ms": 99.0})  # 98 from the send
+    assert is_slo_met(C, {"tpot_ms": 1.0})  # a 1-token reply has no TPOT to break
+    assert not is_slo_met(D, {})  # a failed request never meets an SLO
+    assert not is_slo_met(A, {"queue_ms": 1.0})
+    assert is_slo_met(B, {"e2e_ms": 120.0, "tpot_ms": 7.5})
+    # An ITL SLO limits every token gap of the request: A's worst is 40 ms, B's 10 ms.
+    assert not is_slo_met(A, {"itl_ms": 39.0})
+    assert is_slo_met(A, {"itl_ms": 40.0})
+    assert is_slo_met(B, {"itl_ms": 10.0})
+
+
+def test_unknown_slo_key_is_a_user_error_naming_it():
+    with pytest.raises(UserError, match="'ttft_p99'"):
+        is_slo_met(A, {"ttft_p99": 1.0})
+    with pytest.raises(UserError, match="'itl'"):
+        summarize([], {"itl": 1.0})
+
+
+# --- aggregates -------------------------------------------------------------------------------
+
+
+def test_percentile_by_hand():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([4, 3, 2, 1], 0) == 1.0
+    assert percentile([1, 2, 3, 4], 100) == 4.0
+    assert percentile([1, 2, 3, 4], 90) == pytest.approx(3.7)  # h = 2.7
+    assert percentile([10.0], 99) == 10.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+@given(
+    st.lists(st.floats(-1e9, 1e9, allow_nan=False), min_size=1, max_size=200),
+    st.floats(0, 100),
+)
+def test_percentile_matches_numpy(values, q):
+    assert percentile(values, q) == pytest.approx(np.percentile(values, q), rel=1e-12, abs=1e-6)
+
+
+def test_percentile_matches_numpy_on_random_latencies():
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(3, 1, size=1001).tolist()
+    for q in (0, 1, 25, 50, 90, 95, 99, 99.9, 100):
+        assert percentile(values, q) == pytest.approx(np.percentile(values, q), rel=1e-12)
+
+
+def test_distribution():
+    d = distribution([4, 1, 3, 2])
+    assert d == {
+        "mean": 2.5,
+        "p50": 2.5,
+        "p90": pytest.approx(3.7),
+        "p95": pytest.approx(3.85),
+        "p99": pytest.approx(3.97),
+        "max": 4.0,
+        "count": 4,
+    }
+    empty = distribution([])
+    assert empty["count"] == 0
+    assert all(v is None for k, v in empty.items() if k != "count")
+
+
+def test_summarize_by_hand():
+    s = summarize([A, B, C, D, W])
+    # Window: first send of a measured request (A, 12 ms) to the last end (D, 412 ms).
+    assert s["duration_s"] == pytest.approx(0.4)
+    assert s["num_completed"] == 3 and s["num_failed"] == 1
+    assert s["output_tok_per_s"] == pytest.approx(35.0)  # (4 + 9 + 1) / 0.4
+    assert s["input_tok_per_s"] == pytest.approx(875.0)  # (100 + 200 + 50) / 0.4
+    assert s["request_per_s"] == pytest.approx(7.5)  # 3 / 0.4
+
+    assert s["ttft_ms"]["count"] == 3
+    assert s["ttft_ms"]["mean"] == pytest.approx(65.0)  # (100 + 50 + 45) / 3
+    assert s["ttft_ms"]["p50"] == 50.0 and s["ttft_ms"]["max"] == 100.0
+    assert s["ttft_from_send_ms"]["mean"] == pytest.approx(188 / 3)  # (98 + 50 + 40) / 3
+    assert s["tpot_ms"]["count"] == 2  # C has one token
+    assert s["tpot_ms"]["mean"] == pytest.approx((80 / 3 + 7.5) / 2)
+    assert s["itl_ms"]["count"] == 9  # 3 from A + 6 from B
+    assert s["itl_ms"]["mean"] == pytest.approx(140 / 9)  # (80 + 60) / 9
+    assert s["icl_ms"]["count"] == 5
+    assert s["icl_ms"]["mean"] == pytest.approx(28.0)  # (20 + 20 + 40 + 30 + 30) / 5
+    assert s["e2e_ms"]["mean"] == pytest.approx(120.0)  # (190 + 120 + 50) / 3
+    assert s["queue_ms"]["count"] == 4  # the failed request was sent too
+    assert s["queue_ms"]["mean"] == pytest.approx(1.75)  # (2 + 0 + 5 + 0) / 4
+
+    assert s["goodput_request_per_s"] == pytest.approx(7.5)  # no SLO: every completed request
+    assert s["goodput_fraction"] == pytest.approx(0.75)  # 3 of 4
+    # A: 50 cached of 100; C: 0 cached of 50 (no server count: the client's); B reports none.
+    assert s["prefix_cache_hit_rate"] == pytest.approx(1 / 3)
+    assert s["token_count_mismatches"] == 1  # B: server 210 vs client 200
+
+
+def test_warmup_records_change_nothing():
+    assert summarize([A, B, C, D, W]) == summarize([A, B, C, D])
+
+
+def test_goodput_with_slos():
+    s = summarize([A, B, C, D], {"ttft_ms": 60.0})  # A (100 ms) misses
+    assert s["goodput_request_per_s"] == pytest.approx(5.0)  # 2 / 0.4
+    assert s["goodput_fraction"] == pytest.approx(0.5)
+    s = summarize([A, B, C, D], {"ttft_ms": 60.0, "tpot_ms": 5.0})  # B misses TPOT; C has none
+    assert s["goodput_request_per_s"] == pytest.approx(2.5)
+    assert s["goodput_fraction"] == pytest.approx(0.25)
+    s = summarize([A, B, C, D], {"e2e_ms": 150.0})  # A (190 ms) misses
+    assert s["goodput_fraction"] == pytest.approx(0.5)
+    assert s["request_per_s"] == pytest.approx(7.5)  # SLOs do not change throughput
+
+
+def test_compat_names():
+    c = summarize([A, B, C, D, W])["compat"]
+    vllm = c["vllm"]
+    assert vllm["mean_ttft_ms"] == pytest.approx(188 / 3)  # from the send: 98, 50, 40
+    assert vllm["median_ttft_ms"] == 50.0
+    assert vllm["p99_ttft_ms"] == pytest.approx(97.04)  # 50 + 0.98 · (98 − 50)
+    assert vllm["mean_tpot_ms"] == pytest.approx((80 / 3 + 7.5) / 2)
+    assert vllm["median_tpot_ms"] == pytest.approx((80 / 3 + 7.5) / 2)
+    assert vllm["p99_tpot_ms"] == pytest.approx(7.5 + 0.99 * (80 / 3 - 7.5))
+    # vLLM's ITL is one sample per chunk: our ICL [20, 20, 30, 30, 40].
+    assert vllm["mean_itl_ms"] == pytest.approx(28.0)
+    assert vllm["median_itl_ms"] == 30.0
+    assert vllm["p99_itl_ms"] == pytest.approx(39.6)
+    assert vllm["output_throughput"] == pytest.approx(35.0)
+    assert vllm["request_throughput"] == pytest.approx(7.5)
+
+    guidellm = c["guidellm"]
+    assert guidellm["time_to_first_token_ms"] == pytest.approx(188 / 3)
+    assert guidellm["inter_token_latency_ms"] == pytest.approx((80 / 3 + 7.5) / 2)  # our TPOT
+    # (t_last − sent) / n_out: A (190 − 12) / 4, B (130 − 20) / 9, C (75 − 35) / 1.
+    assert guidellm["time_per_output_token_ms"] == pytest.approx((44.5 + 110 / 9 + 40) / 3)
+    assert guidellm["request_latency_s"] == pytest.approx(353 / 3 / 1000)  # 188, 120, 45 ms
+
+    aiperf = c["aiperf"]
+    assert aiperf["time_to_first_token"] == pytest.approx(188 / 3)
+    assert aiperf["inter_token_latency"] == pytest.approx((80 / 3 + 7.5) / 2)
+    assert aiperf["inter_chunk_latency"] == pytest.approx(28.0)
+    assert aiperf["request_latency"] == pytest.approx(353 / 3)
+    assert aiperf["output_token_throughput"] == pytest.approx(35.0)
+
+
+def test_summarize_nothing_measured():
+    s = summarize([W])
+    assert s["num_completed"] == 0 and s["num_failed"] == 0
+    assert s["duration_s"] == 0.0
+    assert s["output_tok_per_s"] is None and s["request_per_s"] is None
+    assert s["goodput_fraction"] is None and s["prefix_cache_hit_rate"] is None
+    assert s["ttft_ms"]["count"] == 0 and s["ttft_ms"]["mean"] is None
+    assert s["compat"]["vllm"]["mean_ttft_ms"] is None
+    assert s["compat"]["guidellm"]["request_latency_s"] is None
+
+
+def test_hit_rate_is_none_when_no_request_reports_cached_tokens():
+    assert summarize([B])["prefix_cache_hit_rate"] is None

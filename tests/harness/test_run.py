@@ -1,0 +1,212 @@
+"""`llmbench run` end to end on a tiny model: the run folder, the summary, and partial runs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TINY = ["--set", "model=synthetic:tiny", "--set", "dtype=float32", "--set", "warmup_requests=1"]
+SMALL = {
+    "chat": [
+        "--set",
+        "workload.sessions=3",
+        "--set",
+        "workload.think_time_s=0.01",
+        "--set",
+        "load.rate_per_s=20",
+    ],
+    "rag": [
+        "--set",
+        "workload.sessions=4",
+        "--set",
+        "workload.num_documents=6",
+        "--set",
+        "workload.document_tokens=40",
+    ],
+    "agentic": [
+        "--set",
+        "workload.sessions=3",
+        "--set",
+        "workload.tool_latency_s=0.01",
+        "--set",
+        "workload.system_prompt_tokens=60",
+        "--set",
+        "workload.tool_schema_tokens=40",
+    ],
+}
+
+
+def llmbench(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmbench", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("workload", ["chat", "rag", "agentic"])
+def test_run_shipped_workload_writes_a_complete_folder(tmp_path, workload):
+    out = tmp_path / "run"
+    result = llmbench("run", workload, *TINY, *SMALL[workload], "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(out)  # the folder is the last line
+    assert "ttft_ms" in result.stdout and "prefix-cache hit rate" in result.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["schema_version"] == 1
+    summary = results["summary"]
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    measured = [r for r in requests if not r["is_warmup"]]
+    assert summary["num_completed"] == len(measured) and summary["num_failed"] == 0
+    assert sum(r["is_warmup"] for r in requests) == 1
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert set(summary[key]) >= {"mean", "p50", "p90", "p95", "p99", "max"}
+    assert summary["output_tok_per_s"] > 0 and summary["request_per_s"] > 0
+    prov = results["provenance"]
+    assert prov["model"] == "synthetic:tiny" and prov["seed"] == 0
+    assert {"spec_hash", "workload_hash", "git_sha", "versions", "device", "machine_load"} <= set(
+        prov
+    )
+    steps = (out / "steps.jsonl").read_text().splitlines()
+    assert steps and "num_prefill_tokens" in json.loads(steps[0])
+    # Output lengths follow the spec (ignore_eos), and every request's tokens were timed.
+    for r in measured:
+        assert sum(r["chunk_tokens"]) == len(r["chunk_ns"]) > 0
+    if workload != "rag":  # multi-turn: the system prompt and history are shared in-session
+        assert summary["prefix_cache_hit_rate"] > 0.3
+
+
+def test_same_seed_same_requests(tmp_path):
+    hashes = []
+    for i in range(2):
+        out = tmp_path / f"r{i}"
+        assert llmbench("run", "rag", *TINY, *SMALL["rag"], "--out", str(out)).returncode == 0
+        hashes.append(json.loads((out / "results.json").read_text())["provenance"]["workload_hash"])
+    assert hashes[0] == hashes[1]
+
+
+def test_interrupted_run_keeps_what_it_measured(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmbench",
+            "run",
+            "agentic",
+            *TINY,
+            "--set",
+            "workload.sessions=40",
+            "--set",
+            "load.concurrency=1",
+            "--set",
+            "workload.tool_latency_s=0.2",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(12)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] is True
+    assert results["summary"]["num_completed"] >= 1
+    assert "Traceback" not in stderr
+
+
+def test_bad_workload_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("load:\n  kind: poisson\n  rate_per_s: -2\n")
+    result = llmbench("run", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {bad}:3: load.rate_per_s: must be > 0, got -2.0"
+    assert llmbench("run", "nosuch").stderr.startswith("error: workload 'nosuch': no such file")
+
+
+@pytest.fixture
+def served_tiny():
+    """`llmbench serve` on a free loopback port, stopped afterwards."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmbench",
+            "serve",
+            "--model",
+            "synthetic:tiny",
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = None
+    deadline = time.monotonic() + 120
+    while url is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if "listening on " in line:
+            url = line.strip().split("listening on ")[1]
+    assert url, "the server did not start"
+    yield url
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+
+
+def test_openai_backend_against_llmbench_serve_matches_the_engine(tmp_path, served_tiny):
+    """The same workload through HTTP and in-process: the same greedy replies, turn by turn."""
+    common = [*TINY, *SMALL["chat"], "--set", "workload.output_tokens=12"]
+    http, local = tmp_path / "http", tmp_path / "local"
+    result = llmbench(
+        "run",
+        "chat",
+        *common,
+        "--set",
+        "backend.kind=openai",
+        "--set",
+        f"backend.url={served_tiny}",
+        "--out",
+        str(http),
+    )
+    assert result.returncode == 0, result.stderr
+    assert llmbench("run", "chat", *common, "--out", str(local)).returncode == 0
+
+    def replies(folder: Path) -> dict[str, str]:
+        lines = (folder / "requests.jsonl").read_text().splitlines()
+        return {r["request_id"]: r["output_text"] for r in map(json.loads, lines)}
+
+    assert replies(http) == replies(local)
+    summary = json.loads((http / "results.json").read_text())["summary"]
+    assert summary["num_failed"] == 0 and summary["token_count_mismatches"] == 0
+    assert summary["prefix_cache_hit_rate"] > 0  # cached_tokens came back through the usage
+
+
+def test_unreachable_server_is_one_line(tmp_path):
+    result = llmbench(
+        "run",
+        "chat",
+        *TINY,
+        "--set",
+        "backend.kind=openai",
+        "--set",
+        "backend.url=http://127.0.0.1:9/v1",
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: backend openai: cannot reach")

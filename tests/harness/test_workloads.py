@@ -1,0 +1,108 @@
+"""Workload generation: exact, stable token counts; reproducible by seed; shared only by design."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from llmbench.engine.tokenizer import Tokenizer
+from llmbench.harness.spec import Dist, WorkloadSpec
+from llmbench.harness.workloads import Tokens, build_sessions, draw, sessions_hash
+
+
+@pytest.fixture(scope="module", params=["byte_level", "smollm2"])
+def tokens(request, smollm2_gguf_path):
+    if request.param == "byte_level":
+        tok = Tokenizer.byte_level()
+    else:
+        from gguf import GGUFReader
+
+        tok = Tokenizer.from_gguf(GGUFReader(smollm2_gguf_path))
+    return Tokens(tok.encode, tok.decode)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 7, 64, 333])
+def test_text_has_exact_token_count_stable_under_decode_encode(tokens, num_tokens):
+    rng = random.Random(num_tokens)
+    for _ in range(5):
+        text = tokens.text(num_tokens, rng)
+        ids = tokens.encode(text)
+        assert len(ids) == num_tokens
+        assert tokens.encode(tokens.decode(ids)) == ids
+
+
+@pytest.mark.parametrize("kind", ["chat", "rag", "agentic"])
+def test_same_spec_and_seed_give_the_same_sessions(tokens, kind):
+    spec = WorkloadSpec(
+        kind=kind,
+        sessions=4,
+        system_prompt_tokens=50,
+        tool_schema_tokens=40,
+        num_documents=10,
+        document_tokens=Dist(dist="fixed", value=30),
+        turns=Dist(dist="uniform", min=1, max=3),
+    )
+    first = sessions_hash(build_sessions(spec, 7, tokens))
+    assert first == sessions_hash(build_sessions(spec, 7, tokens))
+    assert first != sessions_hash(build_sessions(spec, 8, tokens))
+    assert first != sessions_hash(build_sessions(spec, 7, tokens, salt="warmup-"))
+
+
+def test_agentic_sessions_share_only_the_prefix(tokens):
+    spec = WorkloadSpec(
+        kind="agentic",
+        sessions=3,
+        system_prompt_tokens=50,
+        tool_schema_tokens=40,
+        tool_steps=Dist(dist="fixed", value=2),
+        user_tokens=Dist(dist="fixed", value=20),
+        output_tokens=Dist(dist="fixed", value=5),
+        final_output_tokens=Dist(dist="fixed", value=9),
+    )
+    sessions = build_sessions(spec, 0, tokens)
+    assert len({s.system_prompt for s in sessions}) == 1  # shared by design
+    assert len({s.turns[0].content for s in sessions}) == 3  # the tasks differ
+    for s in sessions:
+        assert [t.max_tokens for t in s.turns] == [5, 5, 9]  # reason, tool step, final answer
+        assert [t.is_tool_result for t in s.turns] == [False, True, True]
+        assert s.turns[0].delay_s == 0.0 and all(t.delay_s > 0 for t in s.turns[1:])
+        assert tokens.count(s.turns[0].content) == 20
+
+
+def test_rag_prefers_popular_documents(tokens):
+    spec = WorkloadSpec(
+        kind="rag",
+        sessions=200,
+        system_prompt_tokens=5,
+        num_documents=20,
+        docs_per_query=1,
+        document_tokens=Dist(dist="fixed", value=4),
+        user_tokens=Dist(dist="fixed", value=3),
+        zipf_s=1.5,
+    )
+    firsts = [s.turns[0].content.split(":", 1)[0] for s in build_sessions(spec, 0, tokens)]
+    # Zipf(1.5) over 20 documents: document 0 has weight 1 / sum(1/(i+1)^1.5) = 0.43.
+    assert 0.33 < firsts.count("Document 0") / 200 < 0.53
+
+
+def test_distributions():
+    rng = random.Random(0)
+    assert draw(Dist(dist="fixed", value=3), rng) == 3
+    samples = [draw(Dist(dist="lognormal", mean=100, sigma=0.5), rng) for _ in range(20000)]
+    assert 97 < sum(samples) / len(samples) < 103  # parameterised by its own mean
+    clipped = [draw(Dist(dist="normal", mean=10, std=50, min=5, max=20), rng) for _ in range(500)]
+    assert min(clipped) >= 5 and max(clipped) <= 20
+    values = {draw(Dist(dist="empirical", values=(1, 2, 3)), rng) for _ in range(100)}
+    assert values == {1, 2, 3}
+
+
+def test_turns_distribution_is_respected(tokens):
+    spec = replace(
+        WorkloadSpec(kind="chat", sessions=30, system_prompt_tokens=5),
+        turns=Dist(dist="uniform", min=1, max=3),
+        user_tokens=Dist(dist="fixed", value=4),
+    )
+    counts = {len(s.turns) for s in build_sessions(spec, 0, tokens)}
+    assert counts == {1, 2, 3}
