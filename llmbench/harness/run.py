@@ -52,13 +52,22 @@ def _open_backend(spec: RunSpec):
             timeout_s=spec.backend.timeout_s,
         )
         return backend, tokenizer
-    raise UserError(
-        f"backend.kind: '{spec.backend.kind}' is not available in this version; "
-        f"use engine or openai"
-    )
+    from llmbench.harness.backends.transformers import TransformersBackend
+
+    backend = TransformersBackend(spec.model, spec.dtype, spec.engine.threads)
+    return backend, backend.tokenizer
 
 
 def _device_info(spec: RunSpec, backend) -> dict[str, Any]:
+    if spec.backend.kind == "transformers":
+        import torch
+
+        return {
+            "type": "cpu",
+            "name": cpu_name(),
+            "threads": torch.get_num_threads(),
+            "kernels": "transformers.generate",
+        }
     if spec.backend.kind == "engine":
         import torch
 

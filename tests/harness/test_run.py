@@ -210,3 +210,56 @@ def test_unreachable_server_is_one_line(tmp_path):
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: backend openai: cannot reach")
+
+
+def test_transformers_backend_gives_the_engines_greedy_replies(tmp_path):
+    """The baseline backend runs HF generate on the same prompt ids: same greedy tokens."""
+    from llmbench.engine.tokenizer import Tokenizer
+    from tests.engine.helpers import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(tmp_path / "tiny")
+    byte_level = Tokenizer.byte_level()  # 259 ids: fits the tiny model's 300, spells any text
+    byte_level.hf_tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": byte_level.chat_template, "eos_token": "<|im_end|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    common = [
+        "--set",
+        f"model={folder}",
+        "--set",
+        "dtype=float32",
+        "--set",
+        "device=cpu",
+        *SMALL["rag"],
+        "--set",
+        "workload.output_tokens=6",
+        "--set",
+        "load.concurrency=2",
+    ]
+    hf, local = tmp_path / "hf", tmp_path / "local"
+    result = llmbench("run", "rag", *common, "--set", "backend.kind=transformers", "--out", str(hf))
+    assert result.returncode == 0, result.stderr
+    assert llmbench("run", "rag", *common, "--out", str(local)).returncode == 0
+
+    def replies(folder: Path) -> dict[str, list[int]]:
+        lines = (folder / "requests.jsonl").read_text().splitlines()
+        return {
+            r["request_id"]: (r["output_text"], sum(r["chunk_tokens"]))
+            for r in map(json.loads, lines)
+        }
+
+    assert replies(hf) == replies(local)
+    assert all(n == 6 for _, n in replies(hf).values())
+
+
+def test_sweep_writes_one_result_per_point(tmp_path):
+    out = tmp_path / "sweep"
+    result = llmbench(
+        "run", "rag", *TINY, *SMALL["rag"], "--set", "load.sweep=[2, 1]", "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    points = sorted(p.name for p in out.iterdir())
+    assert points == ["point-1", "point-2"]
+    for name, value in (("point-1", 1), ("point-2", 2)):
+        results = json.loads((out / name / "results.json").read_text())
+        assert results["sweep_point"] == value
+        assert results["summary"]["num_completed"] == 4
