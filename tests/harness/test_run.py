@@ -42,6 +42,14 @@ SMALL = {
 }
 
 
+def replies(folder: Path) -> dict[str, tuple[str, int]]:
+    """Each request's reply text and token count, from a run folder."""
+    lines = (folder / "requests.jsonl").read_text().splitlines()
+    return {
+        r["request_id"]: (r["output_text"], sum(r["chunk_tokens"])) for r in map(json.loads, lines)
+    }
+
+
 def llmbench(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "llmbench", *args],
@@ -186,10 +194,6 @@ def test_openai_backend_against_llmbench_serve_matches_the_engine(tmp_path, serv
     assert result.returncode == 0, result.stderr
     assert llmbench("run", "chat", *common, "--out", str(local)).returncode == 0
 
-    def replies(folder: Path) -> dict[str, str]:
-        lines = (folder / "requests.jsonl").read_text().splitlines()
-        return {r["request_id"]: r["output_text"] for r in map(json.loads, lines)}
-
     assert replies(http) == replies(local)
     summary = json.loads((http / "results.json").read_text())["summary"]
     assert summary["num_failed"] == 0 and summary["token_count_mismatches"] == 0
@@ -240,13 +244,6 @@ def test_transformers_backend_gives_the_engines_greedy_replies(tmp_path):
     assert result.returncode == 0, result.stderr
     assert llmbench("run", "rag", *common, "--out", str(local)).returncode == 0
 
-    def replies(folder: Path) -> dict[str, list[int]]:
-        lines = (folder / "requests.jsonl").read_text().splitlines()
-        return {
-            r["request_id"]: (r["output_text"], sum(r["chunk_tokens"]))
-            for r in map(json.loads, lines)
-        }
-
     assert replies(hf) == replies(local)
     assert all(n == 6 for _, n in replies(hf).values())
 
@@ -263,3 +260,59 @@ def test_sweep_writes_one_result_per_point(tmp_path):
         results = json.loads((out / name / "results.json").read_text())
         assert results["sweep_point"] == value
         assert results["summary"]["num_completed"] == 4
+
+
+@pytest.mark.parametrize("mode", ["error500", "drop", "garbage"])
+def test_a_failing_server_is_counted_and_the_run_completes(tmp_path, mode):
+    """Every 3rd request fails (HTTP 500, dropped connection, garbage SSE): the run goes on,
+    the failures are recorded per request with a reason, and the summary counts them."""
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.harness.streaming_server",
+            "--port",
+            "0",
+            "--record",
+            str(tmp_path / "record.jsonl"),
+            "--mode",
+            mode,
+            "--ttft-ms",
+            "5",
+            "--tpot-ms",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(server.stdout.readline())
+        out = tmp_path / "run"
+        result = llmbench(
+            "run",
+            "rag",
+            *TINY,
+            *SMALL["rag"],
+            "--set",
+            "workload.sessions=8",
+            "--set",
+            "backend.kind=openai",
+            "--set",
+            f"backend.url=http://127.0.0.1:{port}/v1",
+            "--out",
+            str(out),
+        )
+    finally:
+        server.kill()
+        server.wait()
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    failed = [r for r in records if r["error"]]
+    # 9 requests (1 warm-up + 8): the 3rd, 6th and 9th fail.
+    assert len(records) == 9 and len(failed) == 3
+    assert summary["num_failed"] == sum(1 for r in failed if not r["is_warmup"])
+    assert summary["num_completed"] == 8 - summary["num_failed"]
+    reason = {"error500": "HTTP 500", "drop": "dropped", "garbage": "malformed stream"}[mode]
+    assert all(reason in r["error"] for r in failed)
