@@ -227,12 +227,14 @@ class StopStringMatcher:
             return text_delta, False
         text = self._held + text_delta
         # The held text contains no whole stop string (it would have hit last time), so any
-        # match found here is new; the earliest start wins when several stop strings match.
-        starts = [start for s in self._stop if (start := text.find(s)) >= 0]
-        if starts:
+        # match found here is new. The stop string that is *complete* first wins (ties: the
+        # longer one), as if the text had arrived one character at a time: the result must not
+        # depend on how the text was cut into deltas.
+        matches = [(start + len(s), start) for s in self._stop if (start := text.find(s)) >= 0]
+        if matches:
             self._held = ""
             self._is_stopped = True
-            return text[: min(starts)], True
+            return text[: min(matches)[1]], True
         num_held = max(_longest_suffix_prefix(text, s) for s in self._stop)
         self._held = text[len(text) - num_held :]
         return text[: len(text) - num_held], False

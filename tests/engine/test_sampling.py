@@ -403,6 +403,15 @@ def test_multiple_stop_strings_earliest_wins() -> None:
     assert matcher.push("x STOP y\n\n z") == ("x ", True)
 
 
+def test_first_complete_stop_wins_whatever_the_deltas() -> None:
+    """Regression (found by the property test): with stops "a" and "#aa", "#aa" in one delta
+    used to stop at "#aa" (earliest start) but "#a" + "a" at "a". The stop that completes first
+    wins in both cases now."""
+    assert StopStringMatcher(["a", "#aa"]).push("#aa") == ("#", True)
+    matcher = StopStringMatcher(["a", "#aa"])
+    assert matcher.push("#a") == ("#", True)
+
+
 def test_flush_returns_held_text_at_end_of_generation() -> None:
     matcher = StopStringMatcher(["###"])
     assert matcher.push("the end#") == ("the end", False)
@@ -432,9 +441,10 @@ def test_no_stop_strings_is_pass_through() -> None:
 def test_streamed_output_equals_text_cut_at_first_stop(
     text: str, stops: list[str], cuts: list[int]
 ) -> None:
-    # Reference: the whole text, cut at the earliest occurrence of any stop string.
-    starts = [i for s in stops if (i := text.find(s)) >= 0]
-    expected = text[: min(starts)] if starts else text
+    # Reference: the whole text, cut where the first stop string to be complete starts (ties:
+    # the longer one) — what a character-by-character stream would see, whatever the cuts.
+    matches = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
+    expected = text[: min(matches)[1]] if matches else text
 
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
     matcher = StopStringMatcher(stops)
@@ -447,7 +457,7 @@ def test_streamed_output_equals_text_cut_at_first_stop(
     if not is_hit:
         output += matcher.flush()
     assert output == expected
-    assert is_hit == bool(starts)
+    assert is_hit == bool(matches)
 
 
 # --- check_stop ------------------------------------------------------------------------------
