@@ -73,12 +73,13 @@ class LoadMonitor:
     """How busy the machine was around a run: load average, and CPU used by *other* processes.
 
     On 2 cores a compile on the other core halves every number (FIELD-NOTES), so a run is
-    flagged busy when the 1-minute load was above half the cores before it started, or when
-    other processes used more than a quarter of a core on average during it (all busy CPU time
-    minus this process's own).
+    flagged busy when other processes kept more than a quarter of a core busy, on average, in
+    the second before it started or during it (all busy CPU time minus this process's own).
+    The 1-minute load average is kept too, but it lags: it stays high for a minute after the
+    previous run ended.
     """
 
-    def __init__(self, interval_s: float = 1.0):
+    def __init__(self, interval_s: float = 1.0, probe_s: float = 0.5):
         self.before = os.getloadavg()[0]
         self.samples: list[float] = []
         self._interval_s = interval_s
@@ -86,6 +87,13 @@ class LoadMonitor:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._other_cpu_s: float | None = None
         self._wall_s = 0.0
+        busy0, own0, t0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
+        time.sleep(probe_s)
+        busy1 = _busy_cpu_s()
+        self._other_before: float | None = None
+        if busy0 is not None and busy1 is not None:
+            other = max(0.0, (busy1 - busy0) - (_own_cpu_s() - own0))
+            self._other_before = round(other / (time.perf_counter() - t0), 2)
 
     def __enter__(self) -> LoadMonitor:
         self._t0 = time.perf_counter()
@@ -114,8 +122,9 @@ class LoadMonitor:
             "cpu_count": cores,
             "loadavg_1m_before": round(self.before, 2),
             "loadavg_1m_max_during": round(max(self.samples, default=self.before), 2),
+            "other_processes_cores_before": self._other_before,
             "other_processes_cores": other,  # mean cores busy with other work during the run
-            "is_busy": self.before > 0.5 * cores or (other is not None and other > 0.25),
+            "is_busy": any(v is not None and v > 0.25 for v in (self._other_before, other)),
         }
 
 

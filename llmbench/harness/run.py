@@ -241,8 +241,10 @@ def format_summary(results: dict[str, Any]) -> str:
     if s.get("machine_busy"):
         load = p["machine_load"]
         lines.append(
-            f"WARNING: the machine was busy (load average {load['loadavg_1m_before']} "
-            f"on {load['cpu_count']} cores before the run): numbers are pessimistic"
+            f"WARNING: the machine was busy: other processes used "
+            f"{load['other_processes_cores_before']} cores just before the run and "
+            f"{load['other_processes_cores']} during it (of {load['cpu_count']}); "
+            f"the numbers are pessimistic"
         )
     if results.get("interrupted"):
         lines.append("interrupted: partial results")
