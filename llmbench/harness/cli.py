@@ -239,6 +239,169 @@ def serve(
     )
 
 
+_BYTES_PER_ELEM = {
+    "float32": 4.0,
+    "bfloat16": 2.0,
+    "float16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
+
+
+def _sizes(text: str, option: str) -> list[int]:
+    """'1,8,64' or '1k,8k' → [1, 8, 64] / [1024, 8192]."""
+    values = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = 1024 if part.endswith("k") else 1
+        try:
+            value = int(part.removesuffix("k")) * scale
+        except ValueError:
+            raise UserError(f"{option} {text}: '{part}' is not a count like 8 or 4k") from None
+        if value < 1:
+            raise UserError(f"{option} {text}: values must be >= 1")
+        values.append(value)
+    return values
+
+
+@cli.command()
+@click.option(
+    "--model", "-m", required=True, help="preset (synthetic:<name> or <name>), folder or .gguf"
+)
+@click.option("--hardware", "hardware_name", required=True, help="datasheet device, e.g. h100-sxm")
+@click.option("--batch", default="1,8,64", show_default=True, help="decode batch sizes")
+@click.option("--context", default="1k,8k,32k", show_default=True, help="context lengths")
+@click.option(
+    "--dtype",
+    default="bfloat16",
+    show_default=True,
+    type=click.Choice(sorted(_BYTES_PER_ELEM)),
+    help="weight storage and math dtype",
+)
+@click.option(
+    "--kv-dtype", default="bfloat16", show_default=True, type=click.Choice(sorted(_BYTES_PER_ELEM))
+)
+@click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+def roofline(
+    model: str,
+    hardware_name: str,
+    batch: str,
+    context: str,
+    dtype: str,
+    kv_dtype: str,
+    tp: int,
+    as_json: bool,
+) -> None:
+    """What-if roofline from datasheet peaks: step-time bounds, tokens/s, the ridge batch.
+
+    No weights are loaded: the model's shapes and the hardware's peaks are all it takes."""
+    import json
+
+    from llmbench.harness import roofline as rl
+
+    config = _model_config(model)
+    hardware = _hardware(hardware_name)
+    bandwidth = hardware["memory_bandwidth_bytes_per_s"]
+    flops_dtype = "int8" if dtype in ("int8", "int4", "fp8") else dtype
+    peak_flops = hardware["flops_per_s"].get(flops_dtype)
+    if peak_flops is None:
+        raise UserError(f"roofline: no datasheet {flops_dtype} FLOP/s for {hardware_name}")
+    if tp < 1:
+        raise UserError("roofline: --tp must be >= 1")
+    wbytes, kvbytes = _BYTES_PER_ELEM[dtype], _BYTES_PER_ELEM[kv_dtype]
+    rows = []
+    for ctx in _sizes(context, "--context"):
+        prefill = rl.step_cost(
+            config,
+            rl.StepShape(
+                prefill=((0, ctx),), weight_bytes_per_param=wbytes, kv_bytes_per_elem=kvbytes, tp=tp
+            ),
+        )
+        ttft_s = max(prefill.bytes / bandwidth, prefill.flops / peak_flops)
+        ridge = rl.ridge_batch(config, ctx, wbytes, kvbytes, bandwidth, peak_flops, tp)
+        for b in _sizes(batch, "--batch"):
+            cost = rl.step_cost(
+                config,
+                rl.StepShape(
+                    decode_context_lens=(ctx,) * b,
+                    weight_bytes_per_param=wbytes,
+                    kv_bytes_per_elem=kvbytes,
+                    tp=tp,
+                ),
+            )
+            memory_s, compute_s = cost.bytes / bandwidth, cost.flops / peak_flops
+            step_s = max(memory_s, compute_s)
+            rows.append(
+                {
+                    "context": ctx,
+                    "batch": b,
+                    "decode_step_ms": step_s * 1e3,
+                    "bound": "memory" if memory_s >= compute_s else "compute",
+                    "decode_tok_per_s": b / step_s,
+                    "tpot_ms_bound": step_s * 1e3,
+                    "ttft_ms_bound": ttft_s * 1e3,
+                    "arithmetic_intensity": cost.arithmetic_intensity,
+                    "bytes_per_step": cost.bytes,
+                    "flops_per_step": cost.flops,
+                    "kv_bytes_per_seq": ctx * config.kv_bytes_per_token(1) * kvbytes / tp,
+                    "ridge_batch": ridge,
+                }
+            )
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "model": model,
+                    "hardware": hardware_name,
+                    "dtype": dtype,
+                    "kv_dtype": kv_dtype,
+                    "tp": tp,
+                    "points": rows,
+                },
+                indent=2,
+            )
+        )
+        return
+    click.echo(
+        f"{model} on {hardware_name} ({dtype} weights, {kv_dtype} KV, tp={tp}; datasheet "
+        f"{bandwidth / 1e12:.2f} TB/s, {peak_flops / 1e12:.0f} TFLOP/s)"
+    )
+    click.echo(
+        f"{'context':>8}{'batch':>7}{'step ms':>10}{'tok/s':>11}{'bound':>9}"
+        f"{'AI':>8}{'TTFT ms':>10}{'ridge':>7}"
+    )
+    for r in rows:
+        click.echo(
+            f"{r['context']:>8}{r['batch']:>7}{r['decode_step_ms']:>10.2f}"
+            f"{r['decode_tok_per_s']:>11.0f}{r['bound']:>9}{r['arithmetic_intensity']:>8.1f}"
+            f"{r['ttft_ms_bound']:>10.1f}{r['ridge_batch'] or '-':>7}"
+        )
+
+
+def _model_config(model: str):
+    from llmbench.engine.presets import PRESETS
+
+    name = model.removeprefix("synthetic:")
+    if name in PRESETS:
+        return PRESETS[name]
+    from llmbench.engine.weights import open_weights
+
+    return open_weights(model).config
+
+
+def _hardware(name: str) -> dict:
+    from llmbench.harness.roofline import HARDWARE
+
+    by_lower = {key.lower(): value for key, value in HARDWARE.items()}
+    aliases = {"h100": "h100-sxm", "a100": "a100-80gb", "4090": "rtx-4090"}
+    key = aliases.get(name.lower(), name.lower())
+    if key not in by_lower:
+        raise UserError(f"roofline: unknown hardware '{name}'; known: {', '.join(HARDWARE)}")
+    return by_lower[key]
+
+
 @cli.command()
 @click.argument("model")
 def inspect(model: str) -> None:

@@ -161,3 +161,35 @@ def test_pull_failure_is_one_line(tmp_path):
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: models pull smollm2-135m") and "synthetic:smollm2-135m" in last
+
+
+def test_roofline_what_if_without_weights():
+    result = llmbench(
+        "roofline",
+        "--model",
+        "synthetic:llama-3.1-8b",
+        "--hardware",
+        "h100",
+        "--batch",
+        "1,64",
+        "--context",
+        "1k",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    points = json.loads(result.stdout)["points"]
+    assert [(p["context"], p["batch"]) for p in points] == [(1024, 1), (1024, 64)]
+    one = points[0]
+    # Batch 1 is memory-bound: ~15 GB of bf16 weights (the untied embedding gathers one row)
+    # plus 1,024 tokens x 128 KiB of KV, at the datasheet's 3.35 TB/s.
+    assert one["bound"] == "memory"
+    assert one["decode_step_ms"] == pytest.approx(one["bytes_per_step"] / 3.35e12 * 1e3)
+    assert 4.4 < one["decode_step_ms"] < 4.6
+    assert one["kv_bytes_per_seq"] == 1024 * 2 * 32 * 8 * 128 * 2
+    assert points[1]["decode_tok_per_s"] > 30 * one["decode_tok_per_s"]  # batching amortises
+
+
+def test_roofline_unknown_hardware_is_one_line():
+    assert_user_error(
+        llmbench("roofline", "--model", "tiny", "--hardware", "abacus"), "unknown hardware 'abacus'"
+    )
