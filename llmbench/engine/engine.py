@@ -239,6 +239,7 @@ class LLMEngine:
                 num_prefill_tokens=num_prefill_tokens,
                 num_decode_seqs=num_decode_seqs,
                 context_lens=tuple(item.seq.num_computed_tokens for item in plan.scheduled),
+                query_lens=tuple(item.num_new_tokens for item in plan.scheduled),
                 num_cached_tokens=plan.num_cached_tokens,
                 num_blocks_used=self.blocks.num_used_blocks,
                 num_blocks_total=self.blocks.num_blocks,

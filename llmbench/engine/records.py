@@ -14,6 +14,7 @@ class StepRecord:
     num_prefill_tokens: int  # tokens of sequences that were still in their prompt
     num_decode_seqs: int  # sequences that ran exactly one token past their prompt
     context_lens: tuple[int, ...]  # every scheduled sequence's context after the step
+    query_lens: tuple[int, ...]  # the tokens each of them ran this step (1 for a decode)
     num_cached_tokens: int  # prompt tokens served from the prefix cache this step
     num_blocks_used: int
     num_blocks_total: int

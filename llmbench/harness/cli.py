@@ -239,6 +239,35 @@ def serve(
     )
 
 
+@cli.command("hardware")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
+@click.option("--threads", default=None, type=int, help="CPU threads (default: torch's)")
+@click.option("--refresh", is_flag=True, help="measure again instead of using the cache")
+@click.option("--json", "as_json", is_flag=True)
+def hardware_command(device: str, threads: int | None, refresh: bool, as_json: bool) -> None:
+    """Measure (or show the cached) memory bandwidth and matmul FLOP/s of DEVICE."""
+    import json
+
+    import torch
+
+    from llmbench.harness import hardware
+
+    if threads:
+        torch.set_num_threads(threads)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("hardware --device cuda: no CUDA device is visible")
+    roofs = hardware.ceilings(device, refresh=refresh)
+    if as_json:
+        click.echo(json.dumps(roofs, indent=2))
+        return
+    click.echo(f"{roofs['device']} ({roofs['threads']} threads, torch {roofs['torch']})")
+    click.echo(f"  copy bandwidth  {roofs['copy_bytes_per_s'] / 1e9:8.1f} GB/s (read + write)")
+    click.echo(f"  read bandwidth  {roofs['read_bytes_per_s'] / 1e9:8.1f} GB/s")
+    for dtype, flops in roofs["matmul_flops_per_s"].items():
+        click.echo(f"  matmul {dtype:<8} {flops / 1e9:8.1f} GFLOP/s")
+    click.echo(f"  ({roofs['method']})")
+
+
 _BYTES_PER_ELEM = {
     "float32": 4.0,
     "bfloat16": 2.0,

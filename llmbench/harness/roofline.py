@@ -20,8 +20,9 @@ Elementwise FLOPs (norms, RoPE, SiLU, softmax, bias adds) are ignored for the sa
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type hints only: `llmbench report` must run without the engine
     from llmbench.engine.config import ModelConfig
@@ -376,3 +377,61 @@ HARDWARE: dict[str, dict] = {
         "interconnect": "Infinity Fabric, 896 GB/s",
     },
 }
+
+
+# --- achieved numbers of a run --------------------------------------------------------------
+
+
+def phase_utilization(
+    config: ModelConfig,
+    steps: Sequence[Any],
+    weight_bytes_per_param: float,
+    kv_bytes_per_elem: float,
+    peak_read_bytes_per_s: float,
+    peak_flops_per_s: float,
+) -> dict[str, dict[str, float]]:
+    """Achieved bandwidth and FLOP/s of engine steps, per phase, against measured roofs.
+
+    Each step (anything with `t_start_ns`, `t_end_ns`, `context_lens`, `query_lens`,
+    `num_prefill_tokens`, `num_decode_seqs`) is costed with `step_cost`: a sequence that ran q
+    tokens ending at context c is a chunk starting at c - q. Phases: `decode` (no prefill
+    token), `prefill` (no decode), `mixed`.
+    Formula: MBU = Σ bytes / Σ seconds / peak read bandwidth;
+             MFU = Σ FLOPs / Σ seconds / peak FLOP/s (sums over the phase's steps).
+    """
+    totals: dict[str, list[float]] = {}
+    for step in steps:
+        if step.num_prefill_tokens == 0:
+            phase = "decode"
+        elif step.num_decode_seqs == 0:
+            phase = "prefill"
+        else:
+            phase = "mixed"
+        shape = StepShape(
+            prefill=tuple(
+                (c - q, q) for c, q in zip(step.context_lens, step.query_lens, strict=True)
+            ),
+            weight_bytes_per_param=weight_bytes_per_param,
+            kv_bytes_per_elem=kv_bytes_per_elem,
+        )
+        cost = step_cost(config, shape)
+        seconds = (step.t_end_ns - step.t_start_ns) / 1e9
+        acc = totals.setdefault(phase, [0, 0.0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += seconds
+        acc[2] += cost.bytes
+        acc[3] += cost.flops
+    out = {}
+    for phase, (num_steps, seconds, num_bytes, flops) in totals.items():
+        if seconds <= 0:
+            continue
+        out[phase] = {
+            "num_steps": num_steps,
+            "seconds": seconds,
+            "bytes_per_s": num_bytes / seconds,
+            "flops_per_s": flops / seconds,
+            "mbu": num_bytes / seconds / peak_read_bytes_per_s,
+            "mfu": flops / seconds / peak_flops_per_s,
+            "arithmetic_intensity": flops / num_bytes,
+        }
+    return out

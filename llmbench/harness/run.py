@@ -198,12 +198,36 @@ def _execute_point(spec: RunSpec, folder: Path, point: float | None) -> Path:
         "summary": summary,
     }
     steps = getattr(backend, "step_records", [])
+    if spec.backend.kind == "engine":
+        hardware, roof = _engine_roofline(backend, steps)
+        results["provenance"]["hardware"] = hardware
+        results["roofline"] = roof
+        summary["decode_mbu"] = roof.get("decode", {}).get("mbu")
+        summary["prefill_mfu"] = roof.get("prefill", {}).get("mfu")
     write_run(folder, results, records, steps, driver.result.sessions)
     print(format_summary(results), file=sys.stderr if point is not None else sys.stdout)
     print(folder)
     if interrupted:
         raise KeyboardInterrupt
     return folder
+
+
+def _engine_roofline(backend, steps: list) -> tuple[dict, dict]:
+    """Measured roofs of the engine's device, and every phase's achieved share of them."""
+    from llmbench.harness import hardware, roofline
+
+    engine = backend.engine
+    roofs = hardware.ceilings(engine.device.type)
+    dtype = str(engine.dtype).removeprefix("torch.")
+    phases = roofline.phase_utilization(
+        engine.model_config,
+        steps,
+        engine.dtype.itemsize,
+        engine.dtype.itemsize,
+        roofs["read_bytes_per_s"],
+        roofs["matmul_flops_per_s"][dtype],
+    )
+    return roofs, phases
 
 
 def format_summary(results: dict[str, Any]) -> str:
@@ -231,6 +255,15 @@ def format_summary(results: dict[str, Any]) -> str:
         f"tok/s, {s['request_per_s']:.2f} req/s; goodput {s['goodput_request_per_s']:.2f} req/s; "
         f"prefix-cache hit rate {'-' if hit is None else f'{hit:.2f}'}"
     )
+    if s.get("decode_mbu") is not None or s.get("prefill_mfu") is not None:
+        hw = p.get("hardware", {})
+        mbu, mfu = s.get("decode_mbu"), s.get("prefill_mfu")
+        lines.append(
+            f"roofline: decode MBU {'-' if mbu is None else f'{mbu:.2f}'} of a measured "
+            f"{hw.get('read_bytes_per_s', 0) / 1e9:.1f} GB/s, prefill MFU "
+            f"{'-' if mfu is None else f'{mfu:.2f}'} of a measured "
+            f"{hw.get('matmul_flops_per_s', {}).get(p['dtype'], 0) / 1e9:.0f} GFLOP/s"
+        )
     sessions = s.get("sessions", {})
     if sessions.get("num_sessions"):
         lines.append(

@@ -234,3 +234,43 @@ def test_hardware_table_is_data():
         assert set(spec["flops_per_s"]) == dtypes, name
     assert HARDWARE["H100-SXM"]["memory_bandwidth_bytes_per_s"] == 3.35e12
     assert HARDWARE["H100-SXM"]["flops_per_s"]["bfloat16"] == 989e12
+
+
+def test_phase_utilization_against_step_cost():
+    """Two steps by hand: a 5-token prefill and a decode, each exactly 1 ms."""
+    from types import SimpleNamespace
+
+    from llmbench.harness.roofline import phase_utilization
+
+    config = PRESETS["tiny"]
+    prefill = SimpleNamespace(
+        t_start_ns=0,
+        t_end_ns=1_000_000,
+        context_lens=(5,),
+        query_lens=(5,),
+        num_prefill_tokens=5,
+        num_decode_seqs=0,
+    )
+    decode = SimpleNamespace(
+        t_start_ns=0,
+        t_end_ns=1_000_000,
+        context_lens=(6,),
+        query_lens=(1,),
+        num_prefill_tokens=0,
+        num_decode_seqs=1,
+    )
+    phases = phase_utilization(
+        config, [prefill, decode], 4, 4, peak_read_bytes_per_s=1e9, peak_flops_per_s=1e10
+    )
+    expected_prefill = step_cost(
+        config, StepShape(prefill=((0, 5),), weight_bytes_per_param=4, kv_bytes_per_elem=4)
+    )
+    expected_decode = step_cost(
+        config, StepShape(decode_context_lens=(6,), weight_bytes_per_param=4, kv_bytes_per_elem=4)
+    )
+    assert set(phases) == {"prefill", "decode"}
+    assert phases["prefill"]["flops_per_s"] == pytest.approx(expected_prefill.flops / 1e-3)
+    assert phases["prefill"]["mfu"] == pytest.approx(expected_prefill.flops / 1e-3 / 1e10)
+    # A decode is a 1-token chunk at the end of its context: the same cost either way.
+    assert phases["decode"]["bytes_per_s"] == pytest.approx(expected_decode.bytes / 1e-3)
+    assert phases["decode"]["mbu"] == pytest.approx(expected_decode.bytes / 1e-3 / 1e9)

@@ -1,0 +1,37 @@
+"""The measured roofs are real measurements: positive, and near what numpy sees."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from llmbench.harness import hardware
+
+
+def test_measured_bandwidth_is_within_10x_of_a_numpy_copy():
+    roofs = hardware.measure("cpu")
+    src = np.ones(1 << 26, dtype=np.float32)  # 256 MiB
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    seconds = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        seconds.append(time.perf_counter() - t0)
+    numpy_copy = 2 * src.nbytes / min(seconds)  # read + write, as llmbench counts a copy
+    assert 0.1 * numpy_copy < roofs["copy_bytes_per_s"] < 10 * numpy_copy
+    assert 0.1 * numpy_copy < roofs["read_bytes_per_s"] < 10 * numpy_copy
+    for dtype in ("float32", "bfloat16", "float16"):
+        assert 1e8 < roofs["matmul_flops_per_s"][dtype] < 1e15  # 0.1 GFLOP/s .. 1 PFLOP/s
+
+
+def test_ceilings_are_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMBENCH_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(hardware, "measure", lambda device: calls.append(device) or {"x": 1})
+    assert hardware.ceilings("cpu") == {"x": 1}
+    assert hardware.ceilings("cpu") == {"x": 1}
+    assert calls == ["cpu"]  # the second came from the cache
+    hardware.ceilings("cpu", refresh=True)
+    assert calls == ["cpu", "cpu"]
