@@ -348,26 +348,18 @@ def roofline(
                 prefill=((0, ctx),), weight_bytes_per_param=wbytes, kv_bytes_per_elem=kvbytes, tp=tp
             ),
         )
-        ttft_s = max(prefill.bytes / bandwidth, prefill.flops / peak_flops)
+        ttft_s = rl.time_bound_s(prefill, bandwidth, peak_flops)
         ridge = rl.ridge_batch(config, ctx, wbytes, kvbytes, bandwidth, peak_flops, tp)
         for b in _sizes(batch, "--batch"):
-            cost = rl.step_cost(
-                config,
-                rl.StepShape(
-                    decode_context_lens=(ctx,) * b,
-                    weight_bytes_per_param=wbytes,
-                    kv_bytes_per_elem=kvbytes,
-                    tp=tp,
-                ),
-            )
-            memory_s, compute_s = cost.bytes / bandwidth, cost.flops / peak_flops
-            step_s = max(memory_s, compute_s)
+            cost = rl.decode_cost(config, b, ctx, wbytes, kvbytes, tp)
+            step_s = rl.time_bound_s(cost, bandwidth, peak_flops)
+            is_memory_bound = cost.bytes / bandwidth >= cost.flops / peak_flops
             rows.append(
                 {
                     "context": ctx,
                     "batch": b,
                     "decode_step_ms": step_s * 1e3,
-                    "bound": "memory" if memory_s >= compute_s else "compute",
+                    "bound": "memory" if is_memory_bound else "compute",
                     "decode_tok_per_s": b / step_s,
                     "tpot_ms_bound": step_s * 1e3,
                     "ttft_ms_bound": ttft_s * 1e3,

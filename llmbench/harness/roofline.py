@@ -176,14 +176,15 @@ def step_cost(config: ModelConfig, step: StepShape) -> Cost:
     return Cost(flops=float(flops), bytes=float(total_bytes), breakdown=breakdown)
 
 
-def _decode_cost(
+def decode_cost(
     config: ModelConfig,
     batch: int,
     context_len: int,
     weight_bytes_per_param: float,
     kv_bytes_per_elem: float,
-    tp: int,
+    tp: int = 1,
 ) -> Cost:
+    """Cost of one decode step of `batch` sequences, each at `context_len`."""
     step = StepShape(
         decode_context_lens=(context_len,) * batch,
         weight_bytes_per_param=weight_bytes_per_param,
@@ -207,7 +208,15 @@ def decode_step_time_bound_s(
 
     Formula: max(bytes / peak_bytes_per_s, flops / peak_flops_per_s).
     """
-    cost = _decode_cost(config, batch, context_len, weight_bytes_per_param, kv_bytes_per_elem, tp)
+    cost = decode_cost(config, batch, context_len, weight_bytes_per_param, kv_bytes_per_elem, tp)
+    return time_bound_s(cost, peak_bytes_per_s, peak_flops_per_s)
+
+
+def time_bound_s(cost: Cost, peak_bytes_per_s: float, peak_flops_per_s: float) -> float:
+    """The roofline: a step can go no faster than its bytes or its FLOPs allow.
+
+    Formula: max(bytes / peak_bytes_per_s, flops / peak_flops_per_s).
+    """
     return max(cost.bytes / peak_bytes_per_s, cost.flops / peak_flops_per_s)
 
 
@@ -228,7 +237,7 @@ def ridge_batch(
     """
 
     def is_compute_bound(batch: int) -> bool:
-        cost = _decode_cost(
+        cost = decode_cost(
             config, batch, context_len, weight_bytes_per_param, kv_bytes_per_elem, tp
         )
         return cost.flops / peak_flops_per_s >= cost.bytes / peak_bytes_per_s
