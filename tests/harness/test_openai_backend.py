@@ -21,7 +21,8 @@ from llmbench.harness.backends.openai import BackendError, OpenAIBackend, Stream
 from llmbench.harness.records import GenerationRequest, RequestRecord, StreamEvent
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MAX_ERROR_NS = 2_000_000  # client vs server clock, per TTFT / TPOT / chunk / ITL
+P95_ERROR_NS = 2_000_000  # client vs server clock, per TTFT / TPOT / chunk / ITL
+MAX_ERROR_NS = 8_000_000  # any one sample: below the 10 ms token gap, so a misaligned chunk fails
 NUM_ATTEMPTS = 3
 MAX_OTHER_CORES = 0.3  # more than this used by other processes: timing checks are skipped
 
@@ -323,13 +324,15 @@ class OtherLoad:
 
 @pytest.mark.parametrize("concurrency", [1, 64])
 def test_client_times_match_the_server_writes(start_server, concurrency):
-    """Every client timestamp is within 2 ms of the server's write, at 1 and at 64 streams.
+    """Client timestamps are within 2 ms of the server's writes (p95), at 1 and at 64 streams,
+    and no single one is off by a token gap.
 
     This 2-core machine is shared: while other processes run, a sleeping process is woken late
     now and then (a bare socketpair ping between two processes, 10 ms apart: max 0.3-0.4 ms
-    late when quiet, p99 3-9 ms when busy). So the check is the best of 3 attempts, and when
-    other processes kept the machine busy, a miss skips instead of failing. A client that stamps
-    late (after parsing, behind other streams) or misaligns chunks misses every attempt.
+    late when quiet, p99 3-9 ms when busy; CI once saw one chunk of 100 at 6.6 ms on a quiet
+    machine, in each of 3 attempts). So the check is on the p95 and the best of 3 attempts, and
+    when other processes kept the machine busy, a miss skips instead of failing. A client that
+    stamps late (after parsing, behind other streams) or misaligns chunks misses every attempt.
     """
     server = start_server(ttft_ms=50, tpot_ms=10)
     num_requests = 5 if concurrency == 1 else concurrency
@@ -356,11 +359,15 @@ def test_client_times_match_the_server_writes(start_server, concurrency):
             for name, samples in timing_errors_ns(record, entry).items():
                 errors[name] += samples
         summary = " ".join(
-            f"{name} p50 {percentile(samples, 0.5) / 1e6:.3f} max {max(samples) / 1e6:.3f}"
+            f"{name} p50 {percentile(samples, 0.5) / 1e6:.3f} "
+            f"p95 {percentile(samples, 0.95) / 1e6:.3f} max {max(samples) / 1e6:.3f}"
             for name, samples in errors.items()
         )
         print(f"\n{concurrency} streams, |client - server| in ms: {summary}")
-        if max(max(samples) for samples in errors.values()) < MAX_ERROR_NS:
+        if all(
+            percentile(samples, 0.95) < P95_ERROR_NS and max(samples) < MAX_ERROR_NS
+            for samples in errors.values()
+        ):
             return
     cores = other_load.cores()
     if cores is not None and cores > MAX_OTHER_CORES:
