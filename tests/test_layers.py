@@ -14,7 +14,7 @@ ALLOWED = {
     "kernels": set(),
     "engine": {"kernels"},
     "harness": set(),  # the engine only lazily, inside functions (see below)
-    "reports": set(),
+    "reports": {"harness"},  # its torch-free modules: records, metrics, roofline
 }
 HEAVY = ("torch", "llmbench.engine", "llmbench.kernels")
 # The harness modules DESIGN.md lets import the engine: the in-process backend.
@@ -55,6 +55,16 @@ def test_harness_imports_torch_and_engine_only_lazily():
             continue
         for name in _imports(ast.parse(path.read_text()), top_level_only=True):
             assert not name.startswith(HEAVY), f"{path.relative_to(ROOT.parent)} imports {name}"
+
+
+def test_reports_never_import_torch_or_the_engine():
+    """Reports render from results files alone, on a laptop without torch (DESIGN.md)."""
+    for path in _modules("reports"):
+        for name in _imports(ast.parse(path.read_text()), top_level_only=False):
+            assert not name.startswith(HEAVY), f"{path.relative_to(ROOT.parent)} imports {name}"
+            assert not name.startswith(("llmbench.harness.backends", "llmbench.harness.run")), (
+                f"{path.relative_to(ROOT.parent)} imports {name}"
+            )
 
 
 def test_kernels_import_nothing_from_llmbench():

@@ -244,6 +244,7 @@ class LLMEngine:
                 num_blocks_used=self.blocks.num_used_blocks,
                 num_blocks_total=self.blocks.num_blocks,
                 num_preempted=plan.num_preempted,
+                num_waiting=len(self.scheduler.waiting),
             )
         )
         return outputs

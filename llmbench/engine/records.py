@@ -19,6 +19,7 @@ class StepRecord:
     num_blocks_used: int
     num_blocks_total: int
     num_preempted: int
+    num_waiting: int  # requests queued behind this step (not yet scheduled, or preempted)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from llmbench.errors import UserError
+from llmbench.harness.roofline import BYTES_PER_ELEM
 
 _DTYPE = click.Choice(["float32", "bfloat16", "float16"])
 _DEVICE = click.Choice(["auto", "cpu", "cuda"])
@@ -175,6 +176,38 @@ def run(workload: str, overrides: tuple[str, ...], out: Path | None) -> None:
     execute(spec, out)
 
 
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def report(run_dir: Path) -> None:
+    """Render report.html and report.md of RUN_DIR (a run or sweep folder) from its files alone.
+
+    Needs no torch: a report can be rebuilt on any machine that has the folder."""
+    from llmbench.reports.render import write_reports
+
+    for path in write_reports(run_dir):
+        click.echo(path)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--format", "fmt", default="csv", show_default=True, type=click.Choice(["csv", "parquet"])
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="folder for the tables (default: RUN_DIR/export)",
+)
+def export(run_dir: Path, fmt: str, out: Path | None) -> None:
+    """Flatten RUN_DIR into requests, steps and summary tables (CSV or Parquet) via pandas."""
+    from llmbench.reports import rundata
+    from llmbench.reports.export import export as export_run
+
+    for path in export_run(rundata.load(run_dir), out or run_dir / "export", fmt):
+        click.echo(path)
+
+
 def _workload_path(workload: str) -> Path:
     path = Path(workload)
     if path.is_file():
@@ -268,16 +301,6 @@ def hardware_command(device: str, threads: int | None, refresh: bool, as_json: b
     click.echo(f"  ({roofs['method']})")
 
 
-_BYTES_PER_ELEM = {
-    "float32": 4.0,
-    "bfloat16": 2.0,
-    "float16": 2.0,
-    "fp8": 1.0,
-    "int8": 1.0,
-    "int4": 0.5,
-}
-
-
 def _sizes(text: str, option: str) -> list[int]:
     """'1,8,64' or '1k,8k' → [1, 8, 64] / [1024, 8192]."""
     values = []
@@ -305,11 +328,11 @@ def _sizes(text: str, option: str) -> list[int]:
     "--dtype",
     default="bfloat16",
     show_default=True,
-    type=click.Choice(sorted(_BYTES_PER_ELEM)),
+    type=click.Choice(sorted(BYTES_PER_ELEM)),
     help="weight storage and math dtype",
 )
 @click.option(
-    "--kv-dtype", default="bfloat16", show_default=True, type=click.Choice(sorted(_BYTES_PER_ELEM))
+    "--kv-dtype", default="bfloat16", show_default=True, type=click.Choice(sorted(BYTES_PER_ELEM))
 )
 @click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
@@ -339,7 +362,7 @@ def roofline(
         raise UserError(f"roofline: no datasheet {flops_dtype} FLOP/s for {hardware_name}")
     if tp < 1:
         raise UserError("roofline: --tp must be >= 1")
-    wbytes, kvbytes = _BYTES_PER_ELEM[dtype], _BYTES_PER_ELEM[kv_dtype]
+    wbytes, kvbytes = BYTES_PER_ELEM[dtype], BYTES_PER_ELEM[kv_dtype]
     rows = []
     for ctx in _sizes(context, "--context"):
         prefill = rl.step_cost(
@@ -413,14 +436,12 @@ def _model_config(model: str):
 
 
 def _hardware(name: str) -> dict:
-    from llmbench.harness.roofline import HARDWARE
+    from llmbench.harness.roofline import HARDWARE, datasheet
 
-    by_lower = {key.lower(): value for key, value in HARDWARE.items()}
-    aliases = {"h100": "h100-sxm", "a100": "a100-80gb", "4090": "rtx-4090"}
-    key = aliases.get(name.lower(), name.lower())
-    if key not in by_lower:
+    spec = datasheet(name)
+    if spec is None:
         raise UserError(f"roofline: unknown hardware '{name}'; known: {', '.join(HARDWARE)}")
-    return by_lower[key]
+    return spec
 
 
 @cli.command()

@@ -16,7 +16,10 @@ import threading
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmbench.harness.telemetry import Telemetry
 
 SCHEMA_VERSION = 1
 
@@ -160,16 +163,25 @@ def provenance(
 
 
 def write_run(
-    out_dir: Path, results: dict[str, Any], records: list, steps: list, sessions: list
+    out_dir: Path,
+    results: dict[str, Any],
+    records: list,
+    steps: list[dict],
+    sessions: list,
+    telemetry: Telemetry | None = None,
 ) -> None:
-    """Write the folder; results.json last and atomically, so a folder that has it is whole."""
+    """Write the folder; results.json last and atomically, so a folder that has it is whole.
+
+    `steps` are roofline points (`roofline.cost_steps` / `estimate_decode_steps`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if telemetry is not None:
+        telemetry.write_csv(out_dir / "telemetry.csv")
     with (out_dir / "requests.jsonl").open("w") as f:
         for record in records:
             f.write(json.dumps(dataclasses.asdict(record)) + "\n")
     with (out_dir / "steps.jsonl").open("w") as f:
         for step in steps:
-            f.write(json.dumps(dataclasses.asdict(step)) + "\n")
+            f.write(json.dumps(step) + "\n")
     with (out_dir / "sessions.jsonl").open("w") as f:
         for session in sessions:
             f.write(json.dumps(dataclasses.asdict(session)) + "\n")

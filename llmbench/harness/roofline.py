@@ -19,6 +19,7 @@ Elementwise FLOPs (norms, RoPE, SiLU, softmax, bias adds) are ignored for the sa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,16 @@ if TYPE_CHECKING:  # type hints only: `llmbench report` must run without the eng
 
 # The largest decode batch `ridge_batch` looks at.
 MAX_RIDGE_BATCH = 65_536
+
+# Bytes per weight or KV element of each storage format (int4: two per byte, scales ignored).
+BYTES_PER_ELEM = {
+    "float32": 4.0,
+    "bfloat16": 2.0,
+    "float16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
 
 
 @dataclass(frozen=True)
@@ -388,34 +399,66 @@ HARDWARE: dict[str, dict] = {
 }
 
 
+_ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "4090": "rtx-4090"}
+
+
+def datasheet(name: str) -> dict[str, Any] | None:
+    """The `HARDWARE` entry for a name in any case, or a short alias (h100, a100, 4090)."""
+    by_lower = {key.lower(): value for key, value in HARDWARE.items()}
+    return by_lower.get(_ALIASES.get(name.lower(), name.lower()))
+
+
+# What `torch.cuda.get_device_name()` says → HARDWARE key; the first match wins, so the
+# more specific patterns come first. All words of a pattern must be in the name.
+_DEVICE_NAMES = (
+    ("h100 pcie", "H100-PCIe"),
+    ("h100", "H100-SXM"),
+    ("h200", "H200"),
+    ("b200", "B200"),
+    ("a100 40gb", "A100-40GB"),
+    ("a100", "A100-80GB"),
+    ("l40s", "L40S"),
+    ("l4", "L4"),
+    ("4090", "RTX-4090"),
+    ("mi300x", "MI300X"),
+)
+
+
+def datasheet_name_of(device_name: str) -> str | None:
+    """The datasheet entry of a device as the driver names it ("NVIDIA H100 80GB HBM3" →
+    "H100-SXM"), or None (CPUs, unknown GPUs)."""
+    words = device_name.lower().replace("-", " ").split()
+    for pattern, key in _DEVICE_NAMES:
+        if all(part in words for part in pattern.split()):
+            return key
+    return None
+
+
 # --- achieved numbers of a run --------------------------------------------------------------
 
 
-def phase_utilization(
+def step_phase(num_prefill_tokens: int, num_decode_seqs: int) -> str:
+    """`decode` (no prompt token in the step), `prefill` (no decode), or `mixed`."""
+    if num_prefill_tokens == 0:
+        return "decode"
+    return "prefill" if num_decode_seqs == 0 else "mixed"
+
+
+def cost_steps(
     config: ModelConfig,
     steps: Sequence[Any],
     weight_bytes_per_param: float,
     kv_bytes_per_elem: float,
-    peak_read_bytes_per_s: float,
-    peak_flops_per_s: float,
-) -> dict[str, dict[str, float]]:
-    """Achieved bandwidth and FLOP/s of engine steps, per phase, against measured roofs.
+) -> list[dict[str, Any]]:
+    """Every engine step as a roofline point: the record's fields plus `phase`, `num_seqs`,
+    `flops` and `bytes` (what `step_cost` says the step computed and moved).
 
-    Each step (anything with `t_start_ns`, `t_end_ns`, `context_lens`, `query_lens`,
-    `num_prefill_tokens`, `num_decode_seqs`) is costed with `step_cost`: a sequence that ran q
-    tokens ending at context c is a chunk starting at c - q. Phases: `decode` (no prefill
-    token), `prefill` (no decode), `mixed`.
-    Formula: MBU = Σ bytes / Σ seconds / peak read bandwidth;
-             MFU = Σ FLOPs / Σ seconds / peak FLOP/s (sums over the phase's steps).
+    Each step is anything with `t_start_ns`, `t_end_ns`, `context_lens`, `query_lens`,
+    `num_prefill_tokens`, `num_decode_seqs` (a `StepRecord`): a sequence that ran q tokens
+    ending at context c is a chunk starting at c - q.
     """
-    totals: dict[str, list[float]] = {}
+    points = []
     for step in steps:
-        if step.num_prefill_tokens == 0:
-            phase = "decode"
-        elif step.num_decode_seqs == 0:
-            phase = "prefill"
-        else:
-            phase = "mixed"
         shape = StepShape(
             prefill=tuple(
                 (c - q, q) for c, q in zip(step.context_lens, step.query_lens, strict=True)
@@ -424,12 +467,104 @@ def phase_utilization(
             kv_bytes_per_elem=kv_bytes_per_elem,
         )
         cost = step_cost(config, shape)
-        seconds = (step.t_end_ns - step.t_start_ns) / 1e9
-        acc = totals.setdefault(phase, [0, 0.0, 0.0, 0.0])
-        acc[0] += 1
-        acc[1] += seconds
-        acc[2] += cost.bytes
-        acc[3] += cost.flops
+        fields = dataclasses.asdict(step) if dataclasses.is_dataclass(step) else vars(step)
+        points.append(
+            {
+                **fields,
+                "phase": step_phase(step.num_prefill_tokens, step.num_decode_seqs),
+                "num_seqs": len(step.context_lens),
+                "flops": cost.flops,
+                "bytes": cost.bytes,
+            }
+        )
+    return points
+
+
+def estimate_decode_steps(
+    config: ModelConfig,
+    records: Sequence[Any],
+    weight_bytes_per_param: float,
+    kv_bytes_per_elem: float,
+    num_windows: int = 100,
+) -> list[dict[str, Any]]:
+    """Decode roofline points of a server seen only from the client, one per time window.
+
+    A server's decode step gives every running stream one token, so within a window:
+    batch B = streams in their decode phase (time-averaged), steps = decode tokens / B, and
+    each step costs `decode_cost(B, mean context)`. Streams are the successful requests'
+    token arrivals (`chunk_ns`, `chunk_tokens`, `num_prompt_tokens`; the first chunk is the
+    prefill's). What the server does besides decoding (prefills, idle gaps) counts as decode
+    time here, so the numbers are lower bounds — and always labelled `is_estimated`.
+    Formula: bytes/s of a window = (decode tokens / B) · decode_cost(B, ctx).bytes / window.
+    """
+    streams = [r for r in records if r.ok and len(r.chunk_ns) > 1]
+    if not streams:
+        return []
+    t0 = min(r.chunk_ns[0] for r in streams)
+    t1 = max(r.chunk_ns[-1] for r in streams)
+    width = max((t1 - t0) / num_windows, 1)
+    windows = [{"stream_ns": 0.0, "tokens": 0, "context_tokens": 0.0} for _ in range(num_windows)]
+
+    def window_of(t_ns: int) -> int:
+        return min(int((t_ns - t0) / width), num_windows - 1)
+
+    for r in streams:
+        start, end = r.chunk_ns[0], r.chunk_ns[-1]
+        for k in range(window_of(start), window_of(end) + 1):  # time-weighted batch
+            lo, hi = t0 + k * width, t0 + (k + 1) * width
+            windows[k]["stream_ns"] += max(0.0, min(hi, end) - max(lo, start))
+        context = r.num_prompt_tokens + r.chunk_tokens[0]
+        for t_ns, num_tokens in zip(r.chunk_ns[1:], r.chunk_tokens[1:], strict=True):
+            w = windows[window_of(t_ns)]
+            w["tokens"] += num_tokens
+            # With c tokens known, the k steps behind a chunk of k ran at contexts c .. c+k-1
+            # (a decode step's context includes the token it runs).
+            w["context_tokens"] += num_tokens * context + num_tokens * (num_tokens - 1) / 2
+            context += num_tokens
+    points = []
+    for k, w in enumerate(windows):
+        batch = w["stream_ns"] / width
+        if w["tokens"] == 0 or batch < 0.5:
+            continue
+        num_steps = w["tokens"] / batch
+        context = max(1, round(w["context_tokens"] / w["tokens"]))
+        cost = decode_cost(
+            config, max(1, round(batch)), context, weight_bytes_per_param, kv_bytes_per_elem
+        )
+        points.append(
+            {
+                "t_start_ns": round(t0 + k * width),
+                "t_end_ns": round(t0 + (k + 1) * width),
+                "phase": "decode",
+                "num_seqs": round(batch, 2),
+                "num_steps": num_steps,
+                "mean_context_len": context,
+                "flops": num_steps * cost.flops,
+                "bytes": num_steps * cost.bytes,
+                "is_estimated": True,
+            }
+        )
+    return points
+
+
+def phase_utilization(
+    points: Sequence[dict[str, Any]],
+    peak_read_bytes_per_s: float | None,
+    peak_flops_per_s: float | None,
+) -> dict[str, dict[str, float | None]]:
+    """Achieved bandwidth and FLOP/s per phase of roofline points (`cost_steps`,
+    `estimate_decode_steps`), against peak roofs (MBU/MFU None where the roofs are unknown).
+
+    Formula: MBU = Σ bytes / Σ seconds / peak read bandwidth;
+             MFU = Σ FLOPs / Σ seconds / peak FLOP/s (sums over the phase's points).
+    """
+    totals: dict[str, list[float]] = {}
+    for point in points:
+        acc = totals.setdefault(point["phase"], [0, 0.0, 0.0, 0.0])
+        acc[0] += point.get("num_steps", 1)  # an estimated point stands for several steps
+        acc[1] += (point["t_end_ns"] - point["t_start_ns"]) / 1e9
+        acc[2] += point["bytes"]
+        acc[3] += point["flops"]
     out = {}
     for phase, (num_steps, seconds, num_bytes, flops) in totals.items():
         if seconds <= 0:
@@ -439,8 +574,8 @@ def phase_utilization(
             "seconds": seconds,
             "bytes_per_s": num_bytes / seconds,
             "flops_per_s": flops / seconds,
-            "mbu": num_bytes / seconds / peak_read_bytes_per_s,
-            "mfu": flops / seconds / peak_flops_per_s,
+            "mbu": num_bytes / seconds / peak_read_bytes_per_s if peak_read_bytes_per_s else None,
+            "mfu": flops / seconds / peak_flops_per_s if peak_flops_per_s else None,
             "arithmetic_intensity": flops / num_bytes,
         }
     return out

@@ -16,11 +16,14 @@ from llmbench.harness.driver import DriveOptions, Driver
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import LoadMonitor, cpu_name, provenance, session_summary, write_run
 from llmbench.harness.spec import RunSpec
+from llmbench.harness.telemetry import Telemetry
+from llmbench.harness.telemetry import summarize as summarize_telemetry
 from llmbench.harness.workloads import Session, Tokens, build_sessions, sessions_hash
 
 
 def _open_backend(spec: RunSpec):
-    """The backend and the client-side tokenizer (the model's own, for exact prompt counts)."""
+    """The backend, the client-side tokenizer (the model's own, for exact prompt counts) and
+    the model's config (for the roofline)."""
     if spec.backend.kind == "engine":
         from llmbench.engine.engine import EngineConfig
         from llmbench.harness.backends.engine import EngineBackend
@@ -39,23 +42,24 @@ def _open_backend(spec: RunSpec):
                 num_threads=e.threads,
             )
         )
-        return backend, backend.engine.tokenizer
+        return backend, backend.engine.tokenizer, backend.engine.model_config
     if spec.backend.kind == "openai":
         from llmbench.engine.weights import open_weights
         from llmbench.harness.backends.openai import OpenAIBackend
 
-        tokenizer = open_weights(spec.model).tokenizer()
+        weights = open_weights(spec.model)
+        tokenizer = weights.tokenizer()
         backend = OpenAIBackend(
             spec.backend.url,
             model=spec.backend.served_model,
             count_tokens=lambda text: len(tokenizer.encode(text)),
             timeout_s=spec.backend.timeout_s,
         )
-        return backend, tokenizer
+        return backend, tokenizer, weights.config
     from llmbench.harness.backends.transformers import TransformersBackend
 
     backend = TransformersBackend(spec.model, spec.dtype, spec.engine.threads)
-    return backend, backend.tokenizer
+    return backend, backend.tokenizer, None
 
 
 def _device_info(spec: RunSpec, backend) -> dict[str, Any]:
@@ -157,11 +161,14 @@ def execute(spec: RunSpec, out_dir: Path | None) -> Path:
         return _execute_point(spec, root, None)
     for value in arrivals.sweep_points(list(spec.load.sweep)):
         _execute_point(spec, root / f"point-{value:g}", value)
+    from llmbench.reports.render import write_reports
+
+    write_reports(root)
     return root
 
 
 def _execute_point(spec: RunSpec, folder: Path, point: float | None) -> Path:
-    backend, tokenizer = _open_backend(spec)
+    backend, tokenizer, model_config = _open_backend(spec)
     tokens = Tokens(tokenizer.encode, tokenizer.decode)
     sessions = build_sessions(spec.workload, spec.seed, tokens)
     warm_spec = replace(spec.workload, sessions=spec.warmup_requests)
@@ -175,7 +182,7 @@ def _execute_point(spec: RunSpec, folder: Path, point: float | None) -> Path:
         on_record=Progress(sum(len(s.turns) for s in sessions)),
     )
     interrupted = False
-    with LoadMonitor() as monitor:
+    with LoadMonitor() as monitor, Telemetry() as telemetry:
         try:
             asyncio.run(_drive(driver, backend, spec, sessions, warmup, point))
         except KeyboardInterrupt:
@@ -196,38 +203,112 @@ def _execute_point(spec: RunSpec, folder: Path, point: float | None) -> Path:
         ),
         "spec": spec_dict,
         "summary": summary,
+        "telemetry": {
+            "interval_s": telemetry.interval_s,
+            "notes": telemetry.notes,
+            "summary": summarize_telemetry(telemetry.samples),
+        },
     }
-    steps = getattr(backend, "step_records", [])
-    if spec.backend.kind == "engine":
-        hardware, roof = _engine_roofline(backend, steps)
-        results["provenance"]["hardware"] = hardware
+    points, roof, measured = _roofline(spec, backend, model_config, records)
+    if measured is not None:
+        results["provenance"]["hardware"] = measured
+    if roof is not None:
         results["roofline"] = roof
-        summary["decode_mbu"] = roof.get("decode", {}).get("mbu")
-        summary["prefill_mfu"] = roof.get("prefill", {}).get("mfu")
-    write_run(folder, results, records, steps, driver.result.sessions)
+        phases = roof["phases"]
+        summary["decode_mbu"] = phases.get("decode", {}).get("mbu")
+        summary["prefill_mfu"] = phases.get("prefill", {}).get("mfu")
+        summary["roofline_is_estimated"] = roof["is_estimated"]
+    write_run(folder, results, records, points, driver.result.sessions, telemetry)
     print(format_summary(results), file=sys.stderr if point is not None else sys.stdout)
+    from llmbench.reports.render import write_reports
+
+    write_reports(folder)
     print(folder)
     if interrupted:
         raise KeyboardInterrupt
     return folder
 
 
-def _engine_roofline(backend, steps: list) -> tuple[dict, dict]:
-    """Measured roofs of the engine's device, and every phase's achieved share of them."""
-    from llmbench.harness import hardware, roofline
+def _roofline(
+    spec: RunSpec, backend, model_config, records: list[RequestRecord]
+) -> tuple[list[dict], dict | None, dict | None]:
+    """Roofline points, their per-phase share of the roofs, and the measured roofs used.
 
-    engine = backend.engine
-    roofs = hardware.ceilings(engine.device.type)
-    dtype = str(engine.dtype).removeprefix("torch.")
+    Engine backend: every engine step, costed (`roofline.cost_steps`), against the roofs
+    measured on the engine's device. OpenAI backend: decode windows estimated from the client's
+    token times (`roofline.estimate_decode_steps`), against `backend.hardware` when the spec
+    names it. The transformers baseline has neither steps nor a stream of its own: none.
+    """
+    from llmbench.harness import roofline
+
+    measured = None
+    if spec.backend.kind == "engine":
+        from llmbench.harness import hardware
+
+        engine = backend.engine
+        dtype = str(engine.dtype).removeprefix("torch.")
+        elem_bytes = engine.dtype.itemsize
+        points = roofline.cost_steps(model_config, backend.step_records, elem_bytes, elem_bytes)
+        measured = hardware.ceilings(engine.device.type)
+        roofs = _measured_roofs(measured, dtype)
+        sheet_name = roofline.datasheet_name_of(measured["device"])
+    elif spec.backend.kind == "openai":
+        dtype = spec.dtype
+        elem_bytes = roofline.BYTES_PER_ELEM[dtype]
+        ok = [r for r in records if not r.is_warmup]
+        points = roofline.estimate_decode_steps(model_config, ok, elem_bytes, elem_bytes)
+        roofs, sheet_name = None, None
+        if spec.backend.hardware == "measured":
+            from llmbench.harness import hardware
+
+            measured = hardware.ceilings("cpu")
+            roofs = _measured_roofs(measured, dtype)
+        elif spec.backend.hardware is not None:
+            sheet_name = spec.backend.hardware
+    else:
+        return [], None, None
+    sheet = roofline.datasheet(sheet_name) if sheet_name else None
+    datasheet_roofs = None
+    if sheet is not None and sheet["flops_per_s"].get(dtype):
+        datasheet_roofs = {
+            "label": f"datasheet {sheet_name}",
+            "read_bytes_per_s": sheet["memory_bandwidth_bytes_per_s"],
+            "flops_per_s": sheet["flops_per_s"][dtype],
+        }
+    # MBU/MFU against the measured roofs; a remote server's only roofs may be its datasheet's.
+    peaks = roofs or datasheet_roofs
     phases = roofline.phase_utilization(
-        engine.model_config,
-        steps,
-        engine.dtype.itemsize,
-        engine.dtype.itemsize,
-        roofs["read_bytes_per_s"],
-        roofs["matmul_flops_per_s"][dtype],
+        points,
+        peaks and peaks["read_bytes_per_s"],
+        peaks and peaks["flops_per_s"],
     )
-    return roofs, phases
+    return (
+        points,
+        {
+            "is_estimated": spec.backend.kind != "engine",
+            "method": (
+                "every engine step costed by the cost model"
+                if spec.backend.kind == "engine"
+                else "decode estimated from the client: a step per inter-token gap, batch = "
+                "streams in decode, context from the requests"
+            ),
+            "dtype": dtype,
+            "weight_bytes_per_param": elem_bytes,
+            "kv_bytes_per_elem": elem_bytes,
+            "roofs": peaks,
+            "datasheet_roofs": datasheet_roofs,
+            "phases": phases,
+        },
+        measured,
+    )
+
+
+def _measured_roofs(measured: dict, dtype: str) -> dict:
+    return {
+        "label": f"measured {measured['device']}",
+        "read_bytes_per_s": measured["read_bytes_per_s"],
+        "flops_per_s": measured["matmul_flops_per_s"][dtype],
+    }
 
 
 def format_summary(results: dict[str, Any]) -> str:

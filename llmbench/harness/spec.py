@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from llmbench.errors import UserError
+from llmbench.harness.roofline import HARDWARE, datasheet
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class BackendSpec:
     api: Literal["chat", "completions"] = "chat"
     served_model: str | None = None  # openai: the model name to ask for (default: the first)
     timeout_s: float = 600.0
+    # openai: what the server runs on, for its estimated roofline: "measured" (this machine's
+    # measured CPU roofs: a server on loopback) or a datasheet name such as "h100-sxm".
+    hardware: str | None = None
 
 
 @dataclass(frozen=True)
@@ -340,6 +344,10 @@ def _check(spec: RunSpec) -> None:
         raise SpecError("load.sweep", "must be a non-empty list of values > 0")
     if spec.backend.kind == "openai" and not spec.backend.url:
         raise SpecError("backend.url", "required for backend kind 'openai'")
+    hardware = spec.backend.hardware
+    if hardware is not None and hardware != "measured" and datasheet(hardware) is None:
+        known = ", ".join(HARDWARE)
+        raise SpecError("backend.hardware", f"unknown '{hardware}'; use measured or one of {known}")
     for key, limit in spec.slo.items():
         if key not in SLO_KEYS:
             raise SpecError(f"slo.{key}", f"unknown SLO; use {', '.join(SLO_KEYS)}")

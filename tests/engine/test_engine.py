@@ -157,3 +157,15 @@ def test_step_records_describe_each_step(tiny_folder):
     assert [r.context_lens for r in records] == [(16,), (20,), (21,), (22,)]
     assert all(r.t_end_ns > r.t_start_ns for r in records)
     assert all(r.num_blocks_total == engine.blocks.num_blocks for r in records)
+
+
+def test_step_records_count_the_requests_left_waiting(tiny_folder):
+    engine = LLMEngine(
+        EngineConfig(model=tiny_folder, device="cpu", kv_cache_memory=1 << 22, max_num_seqs=2)
+    )
+    engine.generate(_prompts(5), SamplingParams(max_tokens=2, ignore_eos=True))
+    records = engine.step_records
+    # 5 requests, 2 at a time: 3 wait behind the first pair; each finished pair lets 2 more in.
+    assert records[0].num_waiting == 3
+    assert [len(r.context_lens) for r in records] == [2, 2, 2, 2, 1, 1]
+    assert [r.num_waiting for r in records] == [3, 3, 1, 1, 0, 0]

@@ -23,6 +23,7 @@ from llmbench.harness.roofline import (
     HARDWARE,
     Cost,
     StepShape,
+    decode_cost,
     decode_step_time_bound_s,
     ridge_batch,
     step_cost,
@@ -236,32 +237,31 @@ def test_hardware_table_is_data():
     assert HARDWARE["H100-SXM"]["flops_per_s"]["bfloat16"] == 989e12
 
 
-def test_phase_utilization_against_step_cost():
-    """Two steps by hand: a 5-token prefill and a decode, each exactly 1 ms."""
+def _step(t_ns: int, context_lens: tuple, query_lens: tuple, prefill: int, decode: int):
     from types import SimpleNamespace
 
-    from llmbench.harness.roofline import phase_utilization
+    return SimpleNamespace(
+        t_start_ns=0,
+        t_end_ns=t_ns,
+        context_lens=context_lens,
+        query_lens=query_lens,
+        num_prefill_tokens=prefill,
+        num_decode_seqs=decode,
+    )
+
+
+def test_phase_utilization_against_step_cost():
+    """Two steps by hand: a 5-token prefill and a decode, each exactly 1 ms."""
+    from llmbench.harness.roofline import cost_steps, phase_utilization
 
     config = PRESETS["tiny"]
-    prefill = SimpleNamespace(
-        t_start_ns=0,
-        t_end_ns=1_000_000,
-        context_lens=(5,),
-        query_lens=(5,),
-        num_prefill_tokens=5,
-        num_decode_seqs=0,
-    )
-    decode = SimpleNamespace(
-        t_start_ns=0,
-        t_end_ns=1_000_000,
-        context_lens=(6,),
-        query_lens=(1,),
-        num_prefill_tokens=0,
-        num_decode_seqs=1,
-    )
-    phases = phase_utilization(
-        config, [prefill, decode], 4, 4, peak_read_bytes_per_s=1e9, peak_flops_per_s=1e10
-    )
+    prefill = _step(1_000_000, (5,), (5,), prefill=5, decode=0)
+    decode = _step(1_000_000, (6,), (1,), prefill=0, decode=1)
+    points = cost_steps(config, [prefill, decode], 4, 4)
+    assert [p["phase"] for p in points] == ["prefill", "decode"]
+    assert [p["num_seqs"] for p in points] == [1, 1]
+    assert points[0]["context_lens"] == (5,)  # the record's own fields are kept
+    phases = phase_utilization(points, peak_read_bytes_per_s=1e9, peak_flops_per_s=1e10)
     expected_prefill = step_cost(
         config, StepShape(prefill=((0, 5),), weight_bytes_per_param=4, kv_bytes_per_elem=4)
     )
@@ -274,3 +274,66 @@ def test_phase_utilization_against_step_cost():
     # A decode is a 1-token chunk at the end of its context: the same cost either way.
     assert phases["decode"]["bytes_per_s"] == pytest.approx(expected_decode.bytes / 1e-3)
     assert phases["decode"]["mbu"] == pytest.approx(expected_decode.bytes / 1e-3 / 1e9)
+    # Unknown roofs: achieved numbers only.
+    unknown = phase_utilization(points, None, None)
+    assert unknown["decode"]["mbu"] is None and unknown["decode"]["bytes_per_s"] > 0
+
+
+def test_a_step_with_prefill_and_decode_is_mixed():
+    from llmbench.harness.roofline import cost_steps, step_phase
+
+    assert step_phase(0, 3) == "decode" and step_phase(7, 0) == "prefill"
+    step = _step(1_000, (4, 9), (4, 1), prefill=4, decode=1)
+    (point,) = cost_steps(PRESETS["tiny"], [step], 2, 2)
+    shape = StepShape(prefill=((0, 4), (8, 1)), weight_bytes_per_param=2, kv_bytes_per_elem=2)
+    assert point["phase"] == "mixed" and point["num_seqs"] == 2
+    assert point["flops"] == step_cost(PRESETS["tiny"], shape).flops
+
+
+def test_estimated_decode_from_client_token_times():
+    """Two streams decoding side by side for 10 ms, a token each per ms: batch 2, 10 steps."""
+    from types import SimpleNamespace
+
+    from llmbench.harness.roofline import estimate_decode_steps
+
+    def stream(prompt: int) -> SimpleNamespace:
+        # first token (the prefill's) at 0 ms, then one token every ms up to 10 ms
+        return SimpleNamespace(
+            ok=True,
+            num_prompt_tokens=prompt,
+            chunk_ns=[i * 1_000_000 for i in range(11)],
+            chunk_tokens=[1] * 11,
+        )
+
+    config = PRESETS["tiny"]
+    failed = SimpleNamespace(ok=False, num_prompt_tokens=5, chunk_ns=[0, 1], chunk_tokens=[1, 1])
+    (point,) = estimate_decode_steps(config, [stream(10), stream(30), failed], 2, 2, num_windows=1)
+    assert point["is_estimated"] and point["phase"] == "decode"
+    assert point["num_seqs"] == 2 and point["num_steps"] == 10  # 20 tokens / batch 2
+    # Contexts: prompt + 1 (first token) + 1..10 → mean 15.5 and 35.5, so 25.5 → 26 (rounded).
+    assert point["mean_context_len"] == 26
+    step = decode_cost(config, 2, 26, 2, 2)
+    assert point["bytes"] == pytest.approx(10 * step.bytes)
+    assert point["flops"] == pytest.approx(10 * step.flops)
+    assert (point["t_start_ns"], point["t_end_ns"]) == (0, 10_000_000)
+    # Windows where nothing decoded give no point.
+    assert estimate_decode_steps(config, [failed], 2, 2) == []
+
+
+@pytest.mark.parametrize(
+    "device, key",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+        ("NVIDIA H100 PCIe", "H100-PCIe"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+        ("AMD EPYC 7B13 64-Core Processor", None),
+    ],
+)
+def test_device_names_map_to_their_datasheet(device, key):
+    from llmbench.harness.roofline import datasheet_name_of
+
+    assert datasheet_name_of(device) == key

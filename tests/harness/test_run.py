@@ -87,7 +87,7 @@ def test_run_shipped_workload_writes_a_complete_folder(tmp_path, workload):
     # The roofline: every phase's achieved share of the measured roofs.
     assert prov["hardware"]["read_bytes_per_s"] > 0
     assert 0 < summary["decode_mbu"] and 0 < summary["prefill_mfu"]
-    assert results["roofline"]["decode"]["num_steps"] > 0
+    assert results["roofline"]["phases"]["decode"]["num_steps"] > 0
     # Output lengths follow the spec (ignore_eos), and every request's tokens were timed.
     for r in measured:
         assert sum(r["chunk_tokens"]) == len(r["chunk_ns"]) > 0

@@ -1,0 +1,65 @@
+"""`report.md`: the numbers of a run as Markdown tables, for CI job summaries and PR comments."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llmbench.reports import tables
+from llmbench.reports.rundata import RunData
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return [line(header), "|" + "---|" * len(header), *(line(row) for row in rows), ""]
+
+
+def render(run: RunData) -> str:
+    p = run.provenance
+    lines = [
+        f"# llmbench: {run.results.get('name')}",
+        "",
+        f"{p.get('backend')} · {p.get('model')} · {p.get('dtype')} · "
+        f"{p.get('device', {}).get('name', p.get('device', {}).get('url', ''))} · "
+        f"git {p.get('git_sha') or '-'}",
+        "",
+    ]
+    lines += [f"> **warning:** {w}" for w in tables.warnings(run)]
+    if tables.warnings(run):
+        lines.append("")
+    lines += _table(("", ""), tables.headline(run))
+    lines += ["## Latency (ms)", ""]
+    lines += _table(("metric", *tables.QUANTILES, "count"), tables.latency_rows(run))
+    phases = tables.phase_rows(run)
+    if phases:
+        lines += ["## Roofline", ""]
+        lines += [f"- {label}: {value}" for label, value in tables.roofs(run)] + [""]
+        lines += _table(
+            ("phase", "steps", "seconds", "bandwidth", "compute", "FLOP/B", "MBU", "MFU"), phases
+        )
+    slo = tables.slo_rows(run)
+    if slo:
+        lines += ["## SLOs", ""] + _table(("SLO", "limit", "met", "share"), slo)
+    sessions = tables.session_rows(run)
+    if sessions:
+        lines += ["## Sessions", ""] + _table(("", ""), sessions)
+    lines += ["## Provenance", ""] + _table(("", ""), tables.provenance_rows(run))
+    return "\n".join(lines)
+
+
+def render_sweep(name: str, points: list[RunData]) -> str:
+    rows = [
+        [
+            f"{run.results.get('sweep_point'):g}",
+            tables.num(run.summary["output_tok_per_s"]),
+            tables.num(run.summary["ttft_ms"]["p50"]),
+            tables.num(run.summary["ttft_ms"]["p99"]),
+            tables.num(run.summary["tpot_ms"]["p50"]),
+            tables.num(run.summary["tpot_ms"]["p99"]),
+            tables.ratio(run.summary.get("decode_mbu")),
+        ]
+        for run in points
+    ]
+    header = ("point", "output tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "MBU")
+    return "\n".join([f"# llmbench sweep: {name}", "", *_table(header, rows)])

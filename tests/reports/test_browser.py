@@ -1,0 +1,83 @@
+"""The headless-Chromium helper itself: sizes, console errors, outside requests, screenshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reports import browser
+from tests.reports.browser import open_in_chromium
+
+
+def write_page(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "page.html"
+    path.write_text(f"<!doctype html><html><head><title>t</title></head><body>{body}</body></html>")
+    return path
+
+
+def test_measures_inline_svg_figures_without_errors_or_requests(tmp_path: Path) -> None:
+    page = write_page(
+        tmp_path,
+        '<figure><svg id="wide" width="300" height="200"><rect width="10" height="10"/></svg>'
+        "</figure>"
+        '<figure><svg width="400" height="100"></svg></figure>',
+    )
+    shot = tmp_path / "shot.png"
+    report = open_in_chromium(page, "figure svg", shot)
+    assert report.element_sizes == [("wide", 300.0, 200.0), ("svg[1]", 400.0, 100.0)]
+    assert report.console_errors == []
+    assert report.requests == []
+    assert report.title == "t"
+    # The SVGs (200 + 100 px) plus figure margins and line gaps, not the 900 px viewport.
+    assert 300 < report.page_height < 400
+    png = shot.read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(png) == report.screenshot_bytes > 0
+
+
+def test_reports_console_error(tmp_path: Path) -> None:
+    page = write_page(tmp_path, '<script>console.error("boom")</script>')
+    report = open_in_chromium(page, "svg", tmp_path / "shot.png")
+    assert report.console_errors == ["boom"]
+    assert report.element_sizes == []
+
+
+def test_reports_uncaught_exception(tmp_path: Path) -> None:
+    page = write_page(tmp_path, '<script>throw new Error("kaput")</script>')
+    report = open_in_chromium(page, "svg", tmp_path / "shot.png")
+    assert len(report.console_errors) == 1
+    assert "kaput" in report.console_errors[0]
+
+
+def test_detects_outside_request_with_network_off(tmp_path: Path) -> None:
+    # The fetch fails (the proxy port is closed), but the attempt is what a test must see.
+    # A data: image never leaves the page, so it is not a request.
+    page = write_page(
+        tmp_path,
+        '<img src="https://cdn.example.com/x.png">'
+        '<img src="data:image/gif;base64,R0lGODlhAQABAAAAACw=">',
+    )
+    report = open_in_chromium(page, "img", tmp_path / "shot.png")
+    assert report.requests == ["https://cdn.example.com/x.png"]
+
+
+def test_hung_page_times_out_instead_of_hanging(tmp_path: Path) -> None:
+    # The load event never fires, so the deadline must end the run (and the browser).
+    page = write_page(tmp_path, "<script>while (true) {}</script>")
+    with pytest.raises(TimeoutError, match="did not load"):
+        open_in_chromium(page, "svg", tmp_path / "shot.png", timeout_s=2)
+
+
+def test_missing_chromium_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(browser.shutil, "which", lambda name: None)
+    monkeypatch.setattr(browser, "DEBIAN_CHROMIUM", tmp_path / "no-chromium")
+    with pytest.raises(RuntimeError, match="apt-get install -y chromium"):
+        browser.find_chromium()
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no HTML file"):
+        open_in_chromium(tmp_path / "absent.html", "svg", tmp_path / "shot.png")
