@@ -321,7 +321,12 @@ def _sizes(text: str, option: str) -> list[int]:
 @click.option(
     "--model", "-m", required=True, help="preset (synthetic:<name> or <name>), folder or .gguf"
 )
-@click.option("--hardware", "hardware_name", required=True, help="datasheet device, e.g. h100-sxm")
+@click.option(
+    "--hardware",
+    "hardware_name",
+    required=True,
+    help="datasheet device (h100, a100-40gb, l4, ...) or 'measured' (this machine's roofs)",
+)
 @click.option("--batch", default="1,8,64", show_default=True, help="decode batch sizes")
 @click.option("--context", default="1k,8k,32k", show_default=True, help="context lengths")
 @click.option(
@@ -336,6 +341,13 @@ def _sizes(text: str, option: str) -> list[int]:
 )
 @click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="also write the plots (roofline, tokens/s and TPOT bound vs batch) to this HTML file",
+)
 def roofline(
     model: str,
     hardware_name: str,
@@ -345,21 +357,19 @@ def roofline(
     kv_dtype: str,
     tp: int,
     as_json: bool,
+    html_path: Path | None,
 ) -> None:
-    """What-if roofline from datasheet peaks: step-time bounds, tokens/s, the ridge batch.
+    """What-if roofline: step-time bounds, tokens/s and the ridge batch of a model on a device.
 
-    No weights are loaded: the model's shapes and the hardware's peaks are all it takes."""
+    No weights are loaded: the model's shapes and the device's peaks (datasheet, or measured
+    here with --hardware measured) are all it takes."""
     import json
 
     from llmbench.harness import roofline as rl
 
     config = _model_config(model)
-    hardware = _hardware(hardware_name)
-    bandwidth = hardware["memory_bandwidth_bytes_per_s"]
     flops_dtype = "int8" if dtype in ("int8", "int4", "fp8") else dtype
-    peak_flops = hardware["flops_per_s"].get(flops_dtype)
-    if peak_flops is None:
-        raise UserError(f"roofline: no datasheet {flops_dtype} FLOP/s for {hardware_name}")
+    bandwidth, peak_flops, hardware_label = _peaks(hardware_name, flops_dtype)
     if tp < 1:
         raise UserError("roofline: --tp must be >= 1")
     wbytes, kvbytes = BYTES_PER_ELEM[dtype], BYTES_PER_ELEM[kv_dtype]
@@ -393,24 +403,26 @@ def roofline(
                     "ridge_batch": ridge,
                 }
             )
+    result = {
+        "model": model,
+        "hardware": hardware_label,
+        "dtype": dtype,
+        "kv_dtype": kv_dtype,
+        "tp": tp,
+        "peak_bytes_per_s": bandwidth,
+        "peak_flops_per_s": peak_flops,
+        "points": rows,
+    }
+    if html_path is not None:
+        from llmbench.reports.whatif import render
+
+        html_path.write_text(render(result))
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "model": model,
-                    "hardware": hardware_name,
-                    "dtype": dtype,
-                    "kv_dtype": kv_dtype,
-                    "tp": tp,
-                    "points": rows,
-                },
-                indent=2,
-            )
-        )
+        click.echo(json.dumps(result, indent=2))
         return
     click.echo(
-        f"{model} on {hardware_name} ({dtype} weights, {kv_dtype} KV, tp={tp}; datasheet "
-        f"{bandwidth / 1e12:.2f} TB/s, {peak_flops / 1e12:.0f} TFLOP/s)"
+        f"{model} on {hardware_label} ({dtype} weights, {kv_dtype} KV, tp={tp}; "
+        f"{bandwidth / 1e12:.3g} TB/s, {peak_flops / 1e12:.3g} TFLOP/s)"
     )
     click.echo(
         f"{'context':>8}{'batch':>7}{'step ms':>10}{'tok/s':>11}{'bound':>9}"
@@ -422,6 +434,33 @@ def roofline(
             f"{r['decode_tok_per_s']:>11.0f}{r['bound']:>9}{r['arithmetic_intensity']:>8.1f}"
             f"{r['ttft_ms_bound']:>10.1f}{r['ridge_batch'] or '-':>7}"
         )
+    if any(r["ridge_batch"] is None for r in rows):
+        click.echo(
+            "ridge -: no batch up to 65,536 makes decode compute-bound at that context (each "
+            "sequence brings its own KV bytes)"
+        )
+    if html_path is not None:
+        click.echo(html_path)
+
+
+def _peaks(hardware_name: str, flops_dtype: str) -> tuple[float, float, str]:
+    """(bytes/s, FLOP/s, label) of a datasheet device, or of this machine's measured roofs."""
+    if hardware_name == "measured":
+        import torch
+
+        from llmbench.harness import hardware
+
+        measured = hardware.ceilings("cuda" if torch.cuda.is_available() else "cpu")
+        peak_flops = measured["matmul_flops_per_s"].get(flops_dtype)
+        if peak_flops is None:
+            raise UserError(f"roofline: no measured {flops_dtype} matmul rate on this machine")
+        label = f"measured {measured['device']} ({measured['threads']} threads)"
+        return measured["read_bytes_per_s"], peak_flops, label
+    spec = _hardware(hardware_name)
+    peak_flops = spec["flops_per_s"].get(flops_dtype)
+    if peak_flops is None:
+        raise UserError(f"roofline: no datasheet {flops_dtype} FLOP/s for {hardware_name}")
+    return spec["memory_bandwidth_bytes_per_s"], peak_flops, hardware_name
 
 
 def _model_config(model: str):

@@ -37,7 +37,7 @@ def _cell(value: str) -> str:
     return value if isinstance(value, Html) else escape(value)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
@@ -49,7 +49,7 @@ def _pairs(rows: Sequence[tuple[str, str]]) -> str:
     return f'<table class="pairs">{body}</table>'
 
 
-def _figures(figures: Sequence[Figure | None]) -> str:
+def figures_html(figures: Sequence[Figure | None]) -> str:
     shown = [f for f in figures if f is not None]
     return (
         '<div class="figs">'
@@ -61,7 +61,7 @@ def _figures(figures: Sequence[Figure | None]) -> str:
     )
 
 
-def _page(title: str, body: list[str]) -> str:
+def page(title: str, body: list[str]) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
@@ -98,17 +98,17 @@ def render(run: RunData) -> str:
             "<p>No roofline: this backend reports no steps (the transformers baseline).</p>"
         )
     else:
-        body.append(_figures([roofline]))
+        body.append(figures_html([roofline]))
         body.append(_pairs(tables.roofs(run)))
         body.append(
-            _table(
+            table(
                 ("phase", "steps", "seconds", "bandwidth", "compute", "FLOP/B", "MBU", "MFU"),
                 tables.phase_rows(run),
             )
         )
     body.append("<h2>Latency</h2>")
     body.append(
-        _figures(
+        figures_html(
             [
                 plots.latency_cdf(run, "ttft_ms"),
                 plots.latency_cdf(run, "tpot_ms"),
@@ -116,18 +116,18 @@ def render(run: RunData) -> str:
             ]
         )
     )
-    body.append(_table(("metric (ms)", *tables.QUANTILES, "count"), tables.latency_rows(run)))
+    body.append(table(("metric (ms)", *tables.QUANTILES, "count"), tables.latency_rows(run)))
     slo = tables.slo_rows(run)
     if slo:
         body.append("<h2>SLOs and goodput</h2>")
-        body.append(_table(("SLO", "limit", "met", "share"), slo))
+        body.append(table(("SLO", "limit", "met", "share"), slo))
     body.append("<h2>Over time</h2>")
-    body.append(_figures(plots.timeline(run)))
+    body.append(figures_html(plots.timeline(run)))
     sessions = tables.session_rows(run)
     if sessions:
         body.append("<h2>Sessions</h2>")
         body.append(_pairs(sessions))
-        body.append(_figures([plots.session_waterfall(run)]))
+        body.append(figures_html([plots.session_waterfall(run)]))
     body.append("<h2>Provenance</h2>")
     body.append(_pairs(tables.provenance_rows(run)))
     body.append(
@@ -135,7 +135,7 @@ def render(run: RunData) -> str:
         + escape(json.dumps(run.results.get("spec", {}), indent=2))
         + "</pre></details>"
     )
-    return _page(title, body)
+    return page(title, body)
 
 
 def render_sweep(name: str, points: list[RunData]) -> str:
@@ -163,6 +163,12 @@ def render_sweep(name: str, points: list[RunData]) -> str:
         "decode MBU",
         "report",
     )
-    table = _table(header, rows)
     title = f"llmbench sweep: {name}"
-    return _page(title, [f"<h1>{escape(title)}</h1>", _figures(plots.sweep_curves(points)), table])
+    return page(
+        title,
+        [
+            f"<h1>{escape(title)}</h1>",
+            figures_html(plots.sweep_curves(points)),
+            table(header, rows),
+        ],
+    )

@@ -56,7 +56,6 @@ def roofline(run: RunData) -> Figure | None:
         Scale.fit([*achieved, *peaks], is_log=True),
         width=760,
         height=440,
-        y_unit="FLOP/s",
         legend_at_bottom=True,
     )
     if roof.get("roofs"):

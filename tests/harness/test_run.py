@@ -88,6 +88,13 @@ def test_run_shipped_workload_writes_a_complete_folder(tmp_path, workload):
     assert prov["hardware"]["read_bytes_per_s"] > 0
     assert 0 < summary["decode_mbu"] and 0 < summary["prefill_mfu"]
     assert results["roofline"]["phases"]["decode"]["num_steps"] > 0
+    # Telemetry on the run's clock: samples between the first send and the last reply.
+    rows = (out / "telemetry.csv").read_text().splitlines()
+    assert rows[0] == "t_ns,process_cpu_percent,system_cpu_percent,rss_bytes"
+    sample_ns = [int(row.split(",")[0]) for row in rows[1:]]
+    first = min(r["sent_ns"] for r in requests)
+    assert any(first <= t <= max(r["end_ns"] for r in requests) for t in sample_ns)
+    assert "no NVML" in results["telemetry"]["notes"][0]  # no GPU here: a note, not an error
     # Output lengths follow the spec (ignore_eos), and every request's tokens were timed.
     for r in measured:
         assert sum(r["chunk_tokens"]) == len(r["chunk_ns"]) > 0
@@ -192,6 +199,8 @@ def test_openai_backend_against_llmbench_serve_matches_the_engine(tmp_path, serv
         "backend.kind=openai",
         "--set",
         f"backend.url={served_tiny}",
+        "--set",
+        "backend.hardware=measured",
         "--out",
         str(http),
     )
@@ -199,9 +208,16 @@ def test_openai_backend_against_llmbench_serve_matches_the_engine(tmp_path, serv
     assert llmbench("run", "chat", *common, "--out", str(local)).returncode == 0
 
     assert replies(http) == replies(local)
-    summary = json.loads((http / "results.json").read_text())["summary"]
+    results = json.loads((http / "results.json").read_text())
+    summary = results["summary"]
     assert summary["num_failed"] == 0 and summary["token_count_mismatches"] == 0
     assert summary["prefix_cache_hit_rate"] > 0  # cached_tokens came back through the usage
+    # The server's roofline, estimated from the token times and labelled so.
+    assert summary["roofline_is_estimated"] is True and summary["decode_mbu"] > 0
+    assert results["roofline"]["roofs"]["label"].startswith("measured")
+    points = [json.loads(line) for line in (http / "steps.jsonl").read_text().splitlines()]
+    assert points and all(p["is_estimated"] and p["phase"] == "decode" for p in points)
+    assert "ESTIMATED from the client" in (http / "report.html").read_text()
 
 
 def test_unreachable_server_is_one_line(tmp_path):
@@ -258,12 +274,24 @@ def test_sweep_writes_one_result_per_point(tmp_path):
         "run", "rag", *TINY, *SMALL["rag"], "--set", "load.sweep=[2, 1]", "--out", str(out)
     )
     assert result.returncode == 0, result.stderr
-    points = sorted(p.name for p in out.iterdir())
-    assert points == ["point-1", "point-2"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "point-1",
+        "point-2",
+        "report.html",
+        "report.md",
+    ]
+    throughputs = {}
     for name, value in (("point-1", 1), ("point-2", 2)):
         results = json.loads((out / name / "results.json").read_text())
         assert results["sweep_point"] == value
         assert results["summary"]["num_completed"] == 4
+        assert (out / name / "report.html").is_file()
+        throughputs[value] = results["summary"]["output_tok_per_s"]
+    # The sweep's own report: a row per point, and latency-vs-throughput curves.
+    md = (out / "report.md").read_text()
+    assert f"| 1 | {throughputs[1]:,.1f} |" in md and f"| 2 | {throughputs[2]:,.1f} |" in md
+    html = (out / "report.html").read_text()
+    assert '<figure id="sweep-ttft_ms">' in html and '<a href="point-1/report.html">' in html
 
 
 @pytest.mark.parametrize("mode", ["error500", "drop", "garbage"])

@@ -76,6 +76,10 @@ slo: {ttft_ms: 500}
         ),
         ("slo:\n  latency: 5\n", "slo.latency: unknown SLO; use ttft_ms, tpot_ms, itl_ms, e2e_ms"),
         ("backend:\n  kind: openai\n", "backend.url: required for backend kind 'openai'"),
+        (
+            "backend:\n  hardware: abacus\n",
+            "backend.hardware: unknown 'abacus'; use measured or one of A100-40GB,",
+        ),
         ("a: [1, 2\n", "x.yaml:2: not valid YAML"),
         ("- 1\n- 2\n", "the top level must be a mapping"),
     ],

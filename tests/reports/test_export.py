@@ -1,0 +1,44 @@
+"""`llmbench export`: the run folder as tables that agree with the run's own numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from llmbench.harness import metrics
+from llmbench.reports import rundata
+from tests.harness.test_run import llmbench
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_export_flattens_requests_steps_and_summary(run_folder, tmp_path, fmt):
+    out = tmp_path / "tables"
+    result = llmbench("export", str(run_folder), "--format", fmt, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        str(out / f"{n}.{fmt}") for n in ("requests", "steps", "summary")
+    ]
+    read = pd.read_csv if fmt == "csv" else pd.read_parquet
+    requests, steps, summary = (read(out / f"{n}.{fmt}") for n in ("requests", "steps", "summary"))
+
+    run = rundata.load(run_folder)
+    assert len(requests) == len(run.requests)  # measured requests only
+    by_id = {r.request_id: r for r in run.requests}
+    for row in requests.itertuples():
+        record = by_id[row.request_id]
+        assert row.ttft_ms == pytest.approx(metrics.ttft_ms(record))
+        assert row.num_output_tokens == record.num_output_tokens
+    raw_steps = [json.loads(line) for line in (run_folder / "steps.jsonl").read_text().splitlines()]
+    assert list(steps["flops"]) == pytest.approx([s["flops"] for s in raw_steps])
+    assert list(steps["sum_context_len"]) == [sum(s["context_lens"]) for s in raw_steps]
+    assert len(summary) == 1
+    assert summary["ttft_ms.p50"][0] == pytest.approx(run.summary["ttft_ms"]["p50"])
+    assert summary["decode_mbu"][0] == pytest.approx(run.summary["decode_mbu"])
+
+
+def test_export_of_a_missing_folder_is_one_line(tmp_path):
+    result = llmbench("export", str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {tmp_path / 'nope'}: no results.json here")
