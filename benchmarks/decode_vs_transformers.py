@@ -18,7 +18,7 @@ import torch
 from llmbench.engine import model_store
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.sampling import SamplingParams
-from llmbench.harness.generate_stats import DecodeStep, achieved_decode_gb_per_s, decode_tok_per_s
+from llmbench.harness.generate_stats import decode_bytes_per_s, decode_tok_per_s
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
@@ -31,12 +31,9 @@ def engine_decode(dtype: str, tokens: int, repeats: int) -> tuple[float, float]:
     for _ in range(repeats + 1):  # the first is warm-up
         engine.step_records.clear()
         token_ns = [out.t_ns for out in engine.stream(prompt, params)]
-        steps = [DecodeStep(r.t_end_ns - r.t_start_ns, r.context_lens[0])
-                 for r in engine.step_records if not r.num_prefill_tokens]
         rates.append(decode_tok_per_s(token_ns))
-        bandwidths.append(achieved_decode_gb_per_s(
-            steps, engine.model.decode_weight_bytes(),
-            engine.model_config.kv_bytes_per_token(engine.dtype.itemsize)))
+        bandwidths.append(decode_bytes_per_s(
+            engine.model_config, engine.step_records, engine.dtype.itemsize) / 1e9)
     return statistics.median(rates[1:]), statistics.median(bandwidths[1:])
 
 

@@ -91,7 +91,7 @@ def generate(
     """Generate text for PROMPT, streamed to stdout; timings go to stderr."""
     from llmbench.engine.engine import EngineConfig, LLMEngine
     from llmbench.engine.sampling import SamplingParams
-    from llmbench.harness.generate_stats import DecodeStep, achieved_decode_gb_per_s, format_summary
+    from llmbench.harness.generate_stats import decode_bytes_per_s, format_summary
 
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -130,17 +130,8 @@ def generate(
     sys.stdout.flush()
     records = engine.step_records
     prefill_ns = sum(r.t_end_ns - r.t_start_ns for r in records if r.num_prefill_tokens)
-    decode_steps = [
-        DecodeStep(r.t_end_ns - r.t_start_ns, r.context_lens[0])
-        for r in records
-        if not r.num_prefill_tokens
-    ]
-    gb_per_s = achieved_decode_gb_per_s(
-        decode_steps,
-        engine.model.decode_weight_bytes(),
-        engine.model_config.kv_bytes_per_token(engine.dtype.itemsize),
-    )
-    stats = format_summary(len(prompt_ids), prefill_ns / 1e6, token_ns, gb_per_s)
+    bytes_per_s = decode_bytes_per_s(engine.model_config, records, engine.dtype.itemsize)
+    stats = format_summary(len(prompt_ids), prefill_ns / 1e6, token_ns, bytes_per_s)
     kv = engine.kv_cache
     click.echo(
         f"[{engine.source_description}, {dtype}, {engine.device}, kv cache {kv.num_blocks} "

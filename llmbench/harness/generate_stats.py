@@ -3,29 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llmbench.harness import roofline
+
+if TYPE_CHECKING:
+    from llmbench.engine.config import ModelConfig
 
 
-@dataclass(frozen=True)
-class DecodeStep:
-    """What a decode step's bandwidth needs: its duration and the context it attended over."""
+def decode_bytes_per_s(
+    config: ModelConfig, steps: Sequence[Any], elem_bytes: float
+) -> float | None:
+    """Achieved bandwidth of the decode-only steps, by the roofline's cost model (weights once
+    per step, K/V read over each context and written for the new token). None without one.
 
-    duration_ns: int
-    context_len: int
-
-
-def achieved_decode_gb_per_s(
-    steps: Sequence[DecodeStep], weight_bytes: int, kv_bytes_per_token: int
-) -> float:
-    """Bytes one decode step must read, summed over the steps, divided by their total time.
-
-    Formula: Σ (weight_bytes + kv_bytes_per_token × context_len) / Σ duration, in GB/s (1e9).
+    Formula: Σ step_cost(step).bytes / Σ step time over decode-only steps.
     """
-    total_ns = sum(s.duration_ns for s in steps)
-    if total_ns == 0:
-        return 0.0
-    total_bytes = sum(weight_bytes + kv_bytes_per_token * s.context_len for s in steps)
-    return total_bytes / total_ns  # bytes per ns == GB/s
+    points = roofline.cost_steps(config, steps, elem_bytes, elem_bytes)
+    decode = roofline.phase_utilization(points, None, None).get("decode")
+    return None if decode is None else decode["bytes_per_s"]
 
 
 def decode_tok_per_s(token_ns: Sequence[int]) -> float:
@@ -36,10 +32,11 @@ def decode_tok_per_s(token_ns: Sequence[int]) -> float:
 
 
 def format_summary(
-    num_prompt_tokens: int, prefill_ms: float, token_ns: Sequence[int], gb_per_s: float
+    num_prompt_tokens: int, prefill_ms: float, token_ns: Sequence[int], bytes_per_s: float | None
 ) -> str:
+    achieved = "-" if bytes_per_s is None else f"{bytes_per_s / 1e9:.2f}"
     return (
         f"prompt={num_prompt_tokens} tok, prefill={prefill_ms:.1f} ms, "
         f"output={len(token_ns)} tok, decode={decode_tok_per_s(token_ns):.1f} tok/s, "
-        f"achieved={gb_per_s:.2f} GB/s"
+        f"achieved={achieved} GB/s"
     )

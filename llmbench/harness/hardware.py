@@ -2,7 +2,8 @@
 
 Datasheet peaks are marketing maxima; a roofline built on them makes every run look bad. So the
 roofs are *measured* on the device the engine uses, with the engine's threads: memory bandwidth
-(a large copy, bytes read + written; and a read-only reduction) and matmul FLOP/s per dtype, each
+(a large copy, bytes read + written; and a read-only reduction) and matmul FLOP/s per dtype
+(float32, bfloat16, float16, and int8 → int32 where torch has it for the device), each
 the median of several timed repetitions after a warm-up. Results are cached per device, thread
 count and torch version; `llmbench hardware --refresh` measures again.
 """
@@ -59,6 +60,13 @@ def measure(device_name: str = "cpu") -> dict[str, Any]:
         b = torch.randn(n, n, device=device).to(dtype)
         seconds = _timed(lambda a=a, b=b: torch.mm(a, b), sync)
         matmul[name] = 2 * n**3 / seconds  # n^2 outputs, n multiply-adds each
+    # int8 x int8 -> int32 (what W8A8 kernels run), where this torch build and device have it.
+    a = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
+    b = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
+    try:
+        matmul["int8"] = 2 * n**3 / _timed(lambda: torch._int_mm(a, b), sync)
+    except (RuntimeError, AttributeError):  # no int8 matmul here: leave the dtype out
+        pass
     return {
         "device": torch.cuda.get_device_name(device) if is_gpu else _cpu_name(),
         "device_type": device.type,

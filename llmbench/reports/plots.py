@@ -364,14 +364,15 @@ def session_waterfall(run: RunData, max_sessions: int = 40) -> Figure | None:
     ids = sorted(by_session, key=lambda s: min(r.sent_ns for r in by_session[s]))[:max_sessions]
     end_s = max((r.end_ns - t0) / 1e9 for s in ids for r in by_session[s] if r.end_ns)
     row_px = 14
+    legend_rows = 4
     chart = Chart(
         "Sessions",
         "time (s)",
         "session",
         Scale(0.0, end_s * 1.02),
-        Scale(-0.5, len(ids) - 0.5),
+        Scale(-0.5 - legend_rows, len(ids) - 0.5),  # empty rows at the bottom: the legend
         width=760,
-        height=110 + row_px * len(ids),
+        height=110 + row_px * (len(ids) + legend_rows),
         legend_at_bottom=True,
         y_tick_labels={float(len(ids) - 1 - row): s for row, s in enumerate(ids)},
     )

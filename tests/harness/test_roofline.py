@@ -337,3 +337,28 @@ def test_device_names_map_to_their_datasheet(device, key):
     from llmbench.harness.roofline import datasheet_name_of
 
     assert datasheet_name_of(device) == key
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", False), ("llama", True), ("qwen2", False)])
+def test_weight_bytes_equal_what_the_loaded_model_reads(tmp_path, arch, tied):
+    """The cost model's weights-per-step against the engine's own tensors (every matrix,
+    norm and bias once; of an untied embedding only the gathered row), in two dtypes."""
+    import torch
+
+    from llmbench.engine.engine import EngineConfig, LLMEngine
+    from tests.engine.helpers import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(tmp_path, arch=arch, tied=tied)
+    for dtype, elem_bytes in (("float32", 4), ("bfloat16", 2)):
+        engine = LLMEngine(EngineConfig(model=str(folder), dtype=dtype, device="cpu"))
+        assert engine.dtype == getattr(torch, dtype)
+        shape = StepShape(
+            decode_context_lens=(1,), weight_bytes_per_param=elem_bytes, kv_bytes_per_elem=2
+        )
+        b = step_cost(engine.model_config, shape).breakdown
+        # Tied in float32, the engine keeps the lm_head input-major (a transposed copy, for the
+        # GEMV), so it also gathers the token's row from the embedding table: h more bytes.
+        model = engine.model
+        extra_row = tied and model.lm_head.weight is not model.embed_tokens
+        row_bytes = engine.model_config.hidden_size * elem_bytes if extra_row else 0
+        assert b["weight_bytes"] + b["embedding_bytes"] + row_bytes == model.decode_weight_bytes()
