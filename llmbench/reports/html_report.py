@@ -95,7 +95,8 @@ def render(run: RunData) -> str:
     roofline = plots.roofline(run)
     if roofline is None:
         body.append(
-            "<p>No roofline: this backend reports no steps (the transformers baseline).</p>"
+            "<p>No roofline: no timed steps (the transformers baseline reports none, and an "
+            "interrupted run may have none yet).</p>"
         )
     else:
         body.append(figures_html([roofline]))

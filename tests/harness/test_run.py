@@ -142,6 +142,10 @@ def test_interrupted_run_keeps_what_it_measured(tmp_path):
     assert results["interrupted"] is True
     assert results["summary"]["num_completed"] >= 1
     assert "Traceback" not in stderr
+    # The partial run is reported too, and says so.
+    assert (
+        "The run was interrupted: these are partial results." in (out / "report.html").read_text()
+    )
 
 
 def test_bad_workload_is_one_line(tmp_path):
