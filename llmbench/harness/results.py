@@ -17,6 +17,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+import psutil
 
 if TYPE_CHECKING:
     from llmbench.harness.telemetry import Telemetry
@@ -77,12 +80,14 @@ class LoadMonitor:
 
     On 2 cores a compile on the other core halves every number (FIELD-NOTES), so a run is
     flagged busy when other processes kept more than a quarter of a core busy, on average, in
-    the second before it started or during it (all busy CPU time minus this process's own).
+    the second before it started or during it (all busy CPU time minus this process's own and
+    that of `own_pids`: a server under test on this machine is the run's work, not noise).
     The 1-minute load average is kept too, but it lags: it stays high for a minute after the
     previous run ended.
     """
 
-    def __init__(self, interval_s: float = 1.0, probe_s: float = 0.5):
+    def __init__(self, interval_s: float = 1.0, probe_s: float = 0.5, own_pids: tuple = ()):
+        self.own_pids = tuple(own_pids)
         self.before = os.getloadavg()[0]
         self.samples: list[float] = []
         self._interval_s = interval_s
@@ -90,17 +95,17 @@ class LoadMonitor:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._other_cpu_s: float | None = None
         self._wall_s = 0.0
-        busy0, own0, t0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
+        busy0, own0, t0 = _busy_cpu_s(), self._own_cpu_s(), time.perf_counter()
         time.sleep(probe_s)
         busy1 = _busy_cpu_s()
         self._other_before: float | None = None
         if busy0 is not None and busy1 is not None:
-            other = max(0.0, (busy1 - busy0) - (_own_cpu_s() - own0))
+            other = max(0.0, (busy1 - busy0) - (self._own_cpu_s() - own0))
             self._other_before = round(other / (time.perf_counter() - t0), 2)
 
     def __enter__(self) -> LoadMonitor:
         self._t0 = time.perf_counter()
-        self._busy0, self._own0 = _busy_cpu_s(), _own_cpu_s()
+        self._busy0, self._own0 = _busy_cpu_s(), self._own_cpu_s()
         self._thread.start()
         return self
 
@@ -110,7 +115,7 @@ class LoadMonitor:
         self._wall_s = time.perf_counter() - self._t0
         busy1 = _busy_cpu_s()
         if busy1 is not None and self._busy0 is not None:
-            self._other_cpu_s = max(0.0, (busy1 - self._busy0) - (_own_cpu_s() - self._own0))
+            self._other_cpu_s = max(0.0, (busy1 - self._busy0) - (self._own_cpu_s() - self._own0))
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
@@ -128,12 +133,40 @@ class LoadMonitor:
             "other_processes_cores_before": self._other_before,
             "other_processes_cores": other,  # mean cores busy with other work during the run
             "is_busy": any(v is not None and v > 0.25 for v in (self._other_before, other)),
+            "own_pids": list(self.own_pids),  # besides llmbench: a local server under test
         }
 
+    def _own_cpu_s(self) -> float:
+        """CPU seconds of this process, its children and `own_pids` (gone ones count 0)."""
+        t = os.times()
+        total = t.user + t.system + t.children_user + t.children_system
+        for pid in self.own_pids:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+        return total
 
-def _own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+
+def local_server_pids(url: str) -> list[int]:
+    """The processes listening on the loopback port `url` names: a server under test on this
+    machine. [] for another host, or where the sockets cannot be read."""
+    parsed = urlparse(url)
+    if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return []
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return []
+    return sorted(
+        {
+            c.pid
+            for c in connections
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid
+        }
+    )
 
 
 def provenance(

@@ -23,6 +23,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type hints only: `llmbench report` must run without the engine
@@ -493,8 +494,10 @@ def estimate_decode_steps(
     batch B = streams in their decode phase (time-averaged), steps = decode tokens / B, and
     each step costs `decode_cost(B, mean context)`. Streams are the successful requests'
     token arrivals (`chunk_ns`, `chunk_tokens`, `num_prompt_tokens`; the first chunk is the
-    prefill's). What the server does besides decoding (prefills, idle gaps) counts as decode
-    time here, so the numbers are lower bounds — and always labelled `is_estimated`.
+    prefill's). What the server does besides decoding (prefills, stalls) counts as decode
+    time here, so the numbers are lower bounds — and always labelled `is_estimated`. A window
+    spans at least 10 median inter-token gaps: a token is credited to the window it lands in,
+    so a window of about one gap would get a whole step or none.
     Formula: bytes/s of a window = (decode tokens / B) · decode_cost(B, ctx).bytes / window.
     """
     streams = [r for r in records if r.ok and len(r.chunk_ns) > 1]
@@ -502,7 +505,9 @@ def estimate_decode_steps(
         return []
     t0 = min(r.chunk_ns[0] for r in streams)
     t1 = max(r.chunk_ns[-1] for r in streams)
-    width = max((t1 - t0) / num_windows, 1)
+    gaps = sorted(b - a for r in streams for a, b in pairwise(r.chunk_ns))
+    width = max((t1 - t0) / num_windows, 10 * gaps[len(gaps) // 2], 1)
+    num_windows = max(1, min(num_windows, math.ceil((t1 - t0) / width)))
     windows = [{"stream_ns": 0.0, "tokens": 0, "context_tokens": 0.0} for _ in range(num_windows)]
 
     def window_of(t_ns: int) -> int:
@@ -523,11 +528,11 @@ def estimate_decode_steps(
             context += num_tokens
     points = []
     for k, w in enumerate(windows):
-        batch = w["stream_ns"] / width
-        if w["tokens"] == 0 or batch < 0.5:
+        if w["stream_ns"] == 0:  # nothing decoding: not decode time
             continue
-        num_steps = w["tokens"] / batch
-        context = max(1, round(w["context_tokens"] / w["tokens"]))
+        batch = w["stream_ns"] / width
+        num_steps = w["tokens"] / batch  # 0 in a window where streams waited: time, no bytes
+        context = max(1, round(w["context_tokens"] / w["tokens"])) if w["tokens"] else 1
         cost = decode_cost(
             config, max(1, round(batch)), context, weight_bytes_per_param, kv_bytes_per_elem
         )
@@ -576,6 +581,6 @@ def phase_utilization(
             "flops_per_s": flops / seconds,
             "mbu": num_bytes / seconds / peak_read_bytes_per_s if peak_read_bytes_per_s else None,
             "mfu": flops / seconds / peak_flops_per_s if peak_flops_per_s else None,
-            "arithmetic_intensity": flops / num_bytes,
+            "arithmetic_intensity": flops / num_bytes if num_bytes else None,
         }
     return out

@@ -14,7 +14,14 @@ from llmbench.errors import UserError
 from llmbench.harness import arrivals, metrics
 from llmbench.harness.driver import DriveOptions, Driver
 from llmbench.harness.records import RequestRecord
-from llmbench.harness.results import LoadMonitor, cpu_name, provenance, session_summary, write_run
+from llmbench.harness.results import (
+    LoadMonitor,
+    cpu_name,
+    local_server_pids,
+    provenance,
+    session_summary,
+    write_run,
+)
 from llmbench.harness.spec import RunSpec
 from llmbench.harness.telemetry import Telemetry
 from llmbench.harness.telemetry import summarize as summarize_telemetry
@@ -182,7 +189,8 @@ def _execute_point(spec: RunSpec, folder: Path, point: float | None) -> Path:
         on_record=Progress(sum(len(s.turns) for s in sessions)),
     )
     interrupted = False
-    with LoadMonitor() as monitor, Telemetry() as telemetry:
+    own_pids = local_server_pids(spec.backend.url) if spec.backend.kind == "openai" else []
+    with LoadMonitor(own_pids=own_pids) as monitor, Telemetry() as telemetry:
         try:
             asyncio.run(_drive(driver, backend, spec, sessions, warmup, point))
         except KeyboardInterrupt:
@@ -336,14 +344,21 @@ def format_summary(results: dict[str, Any]) -> str:
         f"tok/s, {s['request_per_s']:.2f} req/s; goodput {s['goodput_request_per_s']:.2f} req/s; "
         f"prefix-cache hit rate {'-' if hit is None else f'{hit:.2f}'}"
     )
-    if s.get("decode_mbu") is not None or s.get("prefill_mfu") is not None:
-        hw = p.get("hardware", {})
+    roof = results.get("roofline") or {}
+    estimated = " (estimated from the client)" if roof.get("is_estimated") else ""
+    if roof.get("roofs"):
+        r = roof["roofs"]
         mbu, mfu = s.get("decode_mbu"), s.get("prefill_mfu")
         lines.append(
-            f"roofline: decode MBU {'-' if mbu is None else f'{mbu:.2f}'} of a measured "
-            f"{hw.get('read_bytes_per_s', 0) / 1e9:.1f} GB/s, prefill MFU "
-            f"{'-' if mfu is None else f'{mfu:.2f}'} of a measured "
-            f"{hw.get('matmul_flops_per_s', {}).get(p['dtype'], 0) / 1e9:.0f} GFLOP/s"
+            f"roofline{estimated}: decode MBU {'-' if mbu is None else f'{mbu:.2f}'}, prefill MFU "
+            f"{'-' if mfu is None else f'{mfu:.2f}'} against {r['label']} "
+            f"({r['read_bytes_per_s'] / 1e9:.1f} GB/s, {r['flops_per_s'] / 1e9:.0f} GFLOP/s "
+            f"{roof['dtype']})"
+        )
+    elif roof.get("phases", {}).get("decode"):
+        lines.append(
+            f"roofline{estimated}: decode at {roof['phases']['decode']['bytes_per_s'] / 1e9:.2f} "
+            "GB/s achieved (set backend.hardware for MBU/MFU)"
         )
     sessions = s.get("sessions", {})
     if sessions.get("num_sessions"):

@@ -99,7 +99,7 @@ def phase_rows(run: RunData) -> list[list[str]]:
                 num(d["seconds"], 2),
                 si(d["bytes_per_s"], "B/s"),
                 si(d["flops_per_s"], "FLOP/s"),
-                f"{d['arithmetic_intensity']:.3g}",
+                "-" if d["arithmetic_intensity"] is None else f"{d['arithmetic_intensity']:.3g}",
                 ratio(d["mbu"]),
                 ratio(d["mfu"]),
             ]

@@ -7,7 +7,7 @@ import sys
 import time
 
 from llmbench.harness.driver import SessionStats
-from llmbench.harness.results import LoadMonitor, session_summary
+from llmbench.harness.results import LoadMonitor, local_server_pids, session_summary
 
 
 def test_a_busy_other_process_flags_the_run():
@@ -23,6 +23,42 @@ def test_a_busy_other_process_flags_the_run():
     assert load["other_processes_cores"] > 0.5  # the spinner keeps one core busy
     assert load["other_processes_cores_before"] > 0.5
     assert load["is_busy"] is True
+
+
+def test_a_local_server_under_test_is_not_counted_as_other_load():
+    """The same spinning process, counted as other load and then as the run's own server."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        loads = []
+        for own_pids in ((), (spinner.pid,)):
+            with LoadMonitor(own_pids=own_pids) as monitor:
+                time.sleep(1.0)
+            loads.append(monitor.as_dict())
+    finally:
+        spinner.kill()
+        spinner.wait()
+    counted, excluded = loads
+    assert excluded["own_pids"] == [spinner.pid]
+    # The spinner keeps a core busy: excluding it takes (about) a core off "other".
+    assert excluded["other_processes_cores"] < counted["other_processes_cores"] - 0.5
+    assert excluded["other_processes_cores_before"] < counted["other_processes_cores_before"] - 0.5
+
+
+def test_local_server_pids_finds_the_listener_on_loopback_only():
+    code = (
+        "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); time.sleep(30)"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        assert local_server_pids(f"http://127.0.0.1:{port}/v1") == [server.pid]
+        assert local_server_pids(f"http://localhost:{port}") == [server.pid]
+        assert local_server_pids(f"http://10.1.2.3:{port}/v1") == []  # not this machine
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_session_summary_by_hand():

@@ -307,7 +307,8 @@ def test_estimated_decode_from_client_token_times():
 
     config = PRESETS["tiny"]
     failed = SimpleNamespace(ok=False, num_prompt_tokens=5, chunk_ns=[0, 1], chunk_tokens=[1, 1])
-    (point,) = estimate_decode_steps(config, [stream(10), stream(30), failed], 2, 2, num_windows=1)
+    # The run spans 10 ms, ten inter-token gaps: one window.
+    (point,) = estimate_decode_steps(config, [stream(10), stream(30), failed], 2, 2)
     assert point["is_estimated"] and point["phase"] == "decode"
     assert point["num_seqs"] == 2 and point["num_steps"] == 10  # 20 tokens / batch 2
     # Contexts: prompt + 1 (first token) + 1..10 → mean 15.5 and 35.5, so 25.5 → 26 (rounded).
@@ -318,6 +319,30 @@ def test_estimated_decode_from_client_token_times():
     assert (point["t_start_ns"], point["t_end_ns"]) == (0, 10_000_000)
     # Windows where nothing decoded give no point.
     assert estimate_decode_steps(config, [failed], 2, 2) == []
+
+
+def test_estimated_windows_add_up_to_the_whole_decode():
+    """One stream, a token every ms for 100 ms: 10 windows of 10 gaps each, whose bytes over
+    their time is one decode step per ms, whatever window a token's step falls into."""
+    from types import SimpleNamespace
+
+    from llmbench.harness.roofline import estimate_decode_steps, phase_utilization
+
+    config = PRESETS["tiny"]
+    one = SimpleNamespace(
+        ok=True,
+        num_prompt_tokens=1000,
+        chunk_ns=[i * 1_000_000 for i in range(101)],
+        chunk_tokens=[1] * 101,
+    )
+    points = estimate_decode_steps(config, [one], 2, 2)  # 100 windows asked: 10 ms is the least
+    assert len(points) == 10
+    assert [p["t_end_ns"] - p["t_start_ns"] for p in points] == [10_000_000] * 10
+    decode = phase_utilization(points, None, None)["decode"]
+    # Contexts 1001..1100 are within 10 % of each other: the bytes of the mean-context step.
+    step = decode_cost(config, 1, 1050, 2, 2)
+    assert decode["bytes_per_s"] == pytest.approx(step.bytes / 1e-3, rel=0.01)
+    assert decode["num_steps"] == pytest.approx(100)
 
 
 @pytest.mark.parametrize(

@@ -352,3 +352,38 @@ def test_a_failing_server_is_counted_and_the_run_completes(tmp_path, mode):
     assert summary["num_completed"] == 8 - summary["num_failed"]
     reason = {"error500": "HTTP 500", "drop": "dropped", "garbage": "malformed stream"}[mode]
     assert all(reason in r["error"] for r in failed)
+
+
+def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
+    """A remote server on an H100: MBU of the estimated decode against the datasheet's 3.35
+    TB/s; without `backend.hardware`, achieved numbers only."""
+    from llmbench.engine.presets import PRESETS
+    from llmbench.harness.records import RequestRecord
+    from llmbench.harness.roofline import decode_cost
+    from llmbench.harness.run import _roofline
+    from llmbench.harness.spec import load_spec
+
+    spec_file = tmp_path / "remote.yaml"
+    spec_file.write_text("dtype: bfloat16\nbackend: {kind: openai, url: 'http://x/v1'}\n")
+    # One stream decoding alone: 11 tokens 1 ms apart after a 10-token prompt.
+    record = RequestRecord(
+        "r",
+        "s",
+        0,
+        scheduled_ns=0,
+        sent_ns=0,
+        end_ns=10_000_000,
+        num_prompt_tokens=10,
+        chunk_ns=[i * 1_000_000 for i in range(11)],
+        chunk_tokens=[1] * 11,
+    )
+    config = PRESETS["llama-3.1-8b"]
+    step = decode_cost(config, 1, 16, 2, 2)  # contexts 11..20: mean 15.5 → 16
+    for hardware, mbu in (("h100", step.bytes / 1e-3 / 3.35e12), (None, None)):
+        overrides = [f"backend.hardware={hardware}"] if hardware else []
+        points, roof, measured = _roofline(load_spec(spec_file, overrides), None, config, [record])
+        assert measured is None and roof["is_estimated"] and len(points) == 1
+        decode = roof["phases"]["decode"]
+        assert decode["bytes_per_s"] == pytest.approx(step.bytes / 1e-3)
+        assert decode["mbu"] == (None if mbu is None else pytest.approx(mbu))
+    assert roof["roofs"] is None and roof["datasheet_roofs"] is None
