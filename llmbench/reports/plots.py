@@ -412,10 +412,11 @@ def sweep_curves(points: list[RunData]) -> list[Figure]:
             f"{name} vs throughput",
             "output tokens/s",
             f"{name} (ms)",
-            Scale.fit(throughput),
+            Scale.fit([*throughput, 1.1 * max(throughput)]),  # room for the last label
             Scale.fit(values),
             width=470,
             height=300,
+            legend_at_bottom=True,  # latency rises with throughput: bottom-right stays empty
         )
         for q, colour in series:
             pairs = [(t, v) for t, v in zip(throughput, ys[q], strict=True) if v is not None]
