@@ -143,33 +143,15 @@ def render_sweep(name: str, points: list[RunData]) -> str:
     """The report of a sweep folder: latency-vs-throughput curves and a row per point."""
     rows = [
         [
-            f"{run.results.get('sweep_point'):g}",
-            tables.num(run.summary["output_tok_per_s"]),
-            tables.num(run.summary["ttft_ms"]["p50"]),
-            tables.num(run.summary["ttft_ms"]["p99"]),
-            tables.num(run.summary["tpot_ms"]["p50"]),
-            tables.num(run.summary["tpot_ms"]["p99"]),
-            tables.ratio(run.summary.get("decode_mbu")),
+            *row,
             Html(f'<a href="{escape(run.folder.name)}/report.html">{escape(run.folder.name)}</a>'),
         ]
-        for run in points
+        for row, run in zip(tables.sweep_rows(points), points, strict=True)
     ]
-    header = (
-        "point",
-        "output tok/s",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "TPOT p99",
-        "decode MBU",
-        "report",
-    )
     title = f"llmbench sweep: {name}"
-    return page(
-        title,
-        [
-            f"<h1>{escape(title)}</h1>",
-            figures_html(plots.sweep_curves(points)),
-            table(header, rows),
-        ],
-    )
+    body = [
+        f"<h1>{escape(title)}</h1>",
+        figures_html(plots.sweep_curves(points)),
+        table((*tables.SWEEP_HEADER, "report"), rows),
+    ]
+    return page(title, body)

@@ -49,17 +49,5 @@ def render(run: RunData) -> str:
 
 
 def render_sweep(name: str, points: list[RunData]) -> str:
-    rows = [
-        [
-            f"{run.results.get('sweep_point'):g}",
-            tables.num(run.summary["output_tok_per_s"]),
-            tables.num(run.summary["ttft_ms"]["p50"]),
-            tables.num(run.summary["ttft_ms"]["p99"]),
-            tables.num(run.summary["tpot_ms"]["p50"]),
-            tables.num(run.summary["tpot_ms"]["p99"]),
-            tables.ratio(run.summary.get("decode_mbu")),
-        ]
-        for run in points
-    ]
-    header = ("point", "output tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "MBU")
-    return "\n".join([f"# llmbench sweep: {name}", "", *_table(header, rows)])
+    rows = tables.sweep_rows(points)
+    return "\n".join([f"# llmbench sweep: {name}", "", *_table(tables.SWEEP_HEADER, rows)])

@@ -25,13 +25,29 @@ class Figure:
     caption: str
 
 
-def _roof(
-    chart: Chart, bytes_per_s: float, flops_per_s: float, colour: str, dash: str | None, label: str
+def draw_roof(
+    chart: Chart,
+    label: str,
+    bytes_per_s: float,
+    flops_per_s: float,
+    colour: str = "#222",
+    dash: str | None = None,
+    mark_ridge: bool = True,
 ) -> None:
-    """The roofline min(AI · bandwidth, peak FLOP/s) across the chart's x range."""
+    """The roofline min(AI · bandwidth, peak FLOP/s) across the chart's x range, labelled with
+    its peaks, and (`mark_ridge`) a dotted line at the ridge point AI = FLOP/s ÷ bandwidth."""
     ridge = flops_per_s / bytes_per_s
     xs = [chart.x.lo, ridge, chart.x.hi]
-    chart.line(xs, [min(x * bytes_per_s, flops_per_s) for x in xs], colour, label, dash)
+    chart.line(
+        xs,
+        [min(x * bytes_per_s, flops_per_s) for x in xs],
+        colour,
+        f"{label}: {si(bytes_per_s, 'B/s')}, {si(flops_per_s, 'FLOP/s')}",
+        dash,
+    )
+    if mark_ridge:
+        chart.line([ridge, ridge], [chart.y.lo, flops_per_s], GREY, dash="2 3", width=1)
+        chart.label(ridge, flops_per_s, f"ridge {ridge:.3g} FLOP/B")
 
 
 def roofline(run: RunData) -> Figure | None:
@@ -60,26 +76,11 @@ def roofline(run: RunData) -> Figure | None:
     )
     if roof.get("roofs"):
         r = roof["roofs"]
-        _roof(
-            chart,
-            r["read_bytes_per_s"],
-            r["flops_per_s"],
-            "#222",
-            None,
-            f"{r['label']}: {si(r['read_bytes_per_s'], 'B/s')}, {si(r['flops_per_s'], 'FLOP/s')}",
-        )
-        ridge = r["flops_per_s"] / r["read_bytes_per_s"]
-        chart.line([ridge, ridge], [chart.y.lo, r["flops_per_s"]], GREY, dash="2 3", width=1)
-        chart.label(ridge, r["flops_per_s"], f"ridge {ridge:.3g} FLOP/B")
+        draw_roof(chart, r["label"], r["read_bytes_per_s"], r["flops_per_s"])
     if roof.get("datasheet_roofs"):
         r = roof["datasheet_roofs"]
-        _roof(
-            chart,
-            r["read_bytes_per_s"],
-            r["flops_per_s"],
-            RED,
-            "6 4",
-            f"{r['label']}: {si(r['read_bytes_per_s'], 'B/s')}, {si(r['flops_per_s'], 'FLOP/s')}",
+        draw_roof(
+            chart, r["label"], r["read_bytes_per_s"], r["flops_per_s"], RED, "6 4", mark_ridge=False
         )
     for phase, colour in PHASE_COLOURS.items():
         chosen = [i for i, p in enumerate(points) if p["phase"] == phase]

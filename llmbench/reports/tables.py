@@ -181,3 +181,30 @@ def provenance_rows(run: RunData) -> list[tuple[str, str]]:
     if telemetry.get("notes"):
         rows.append(("telemetry", "; ".join(telemetry["notes"])))
     return [(k, str(v)) for k, v in rows]
+
+
+SWEEP_HEADER = (
+    "point",
+    "output tok/s",
+    "TTFT p50",
+    "TTFT p99",
+    "TPOT p50",
+    "TPOT p99",
+    "decode MBU",
+)
+
+
+def sweep_rows(points: list[RunData]) -> list[list[str]]:
+    """A row per sweep point: its load value, throughput, latency percentiles, decode MBU."""
+    return [
+        [
+            f"{run.results.get('sweep_point'):g}",
+            num(run.summary["output_tok_per_s"]),
+            num(run.summary["ttft_ms"]["p50"]),
+            num(run.summary["ttft_ms"]["p99"]),
+            num(run.summary["tpot_ms"]["p50"]),
+            num(run.summary["tpot_ms"]["p99"]),
+            ratio(run.summary.get("decode_mbu")),
+        ]
+        for run in points
+    ]

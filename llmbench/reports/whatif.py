@@ -10,8 +10,8 @@ from html import escape
 from typing import Any
 
 from llmbench.reports.html_report import figures_html, page, table
-from llmbench.reports.plots import Figure
-from llmbench.reports.svg import GREY, PALETTE, Chart, Scale, si
+from llmbench.reports.plots import Figure, draw_roof
+from llmbench.reports.svg import PALETTE, Chart, Scale, si
 
 
 def _by_context(points: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -37,15 +37,7 @@ def _roofline(result: dict[str, Any]) -> Figure:
         height=440,
         legend_at_bottom=True,
     )
-    xs = [chart.x.lo, ridge, chart.x.hi]
-    chart.line(
-        xs,
-        [min(x * bandwidth, peak) for x in xs],
-        "#222",
-        f"{result['hardware']}: {si(bandwidth, 'B/s')}, {si(peak, 'FLOP/s')}",
-    )
-    chart.line([ridge, ridge], [chart.y.lo, peak], GREY, dash="2 3", width=1)
-    chart.label(ridge, peak, f"ridge {ridge:.3g} FLOP/B")
+    draw_roof(chart, result["hardware"], bandwidth, peak)
     for colour, (context, rows) in zip(PALETTE, _by_context(points).items(), strict=False):
         chosen = [points.index(r) for r in rows]
         chart.points(
