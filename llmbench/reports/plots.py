@@ -146,8 +146,7 @@ def itl_histogram(run: RunData) -> Figure | None:
     samples = [s for r in run.requests for s in metrics.itl_samples_ms(r)]
     if not samples:
         return None
-    top = metrics.percentile(samples, 99.5) or max(samples)
-    top = top if top > 0 else max(samples) or 1.0
+    top = metrics.percentile(samples, 99.5) or max(samples) or 1.0  # all-zero gaps: any width
     num_bins = 40
     edges = [top * i / num_bins for i in range(num_bins + 1)]
     counts = [0] * num_bins
@@ -247,15 +246,16 @@ def timeline(run: RunData) -> list[Figure]:
     )
 
     if engine_steps and engine_steps[0].get("num_blocks_total"):
-        ts = step_ts
         used = [100 * s["num_blocks_used"] / s["num_blocks_total"] for s in engine_steps]
         chart = Chart(
             "KV cache", "time (s)", "blocks in use (%)", x, Scale(0.0, 100.0), width=760, height=200
         )
-        chart.line(ts, used, GREEN, f"of {engine_steps[0]['num_blocks_total']} blocks", step=True)
+        chart.line(
+            step_ts, used, GREEN, f"of {engine_steps[0]['num_blocks_total']} blocks", step=True
+        )
         preempted = [
             (t, s["num_preempted"])
-            for t, s in zip(ts, engine_steps, strict=True)
+            for t, s in zip(step_ts, engine_steps, strict=True)
             if s.get("num_preempted")
         ]
         if preempted:
