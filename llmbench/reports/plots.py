@@ -274,6 +274,34 @@ def timeline(run: RunData) -> list[Figure]:
             )
         )
 
+    utilization = _utilization(run, t0, width_s, num)
+    if utilization is not None:
+        chart = Chart(
+            "Utilisation over time",
+            "time (s)",
+            "share of the measured roof",
+            x,
+            Scale.fit([v for series in utilization.values() for v in series if v is not None]),
+            width=760,
+            height=220,
+        )
+        for (label, series), colour in zip(utilization.items(), (BLUE, ORANGE), strict=False):
+            chart.points(
+                [c for c, v in zip(centres, series, strict=True) if v is not None],
+                [v for v in series if v is not None],
+                colour,
+                label,
+            )
+        figures.append(
+            Figure(
+                "timeline-utilisation",
+                chart.title,
+                chart.svg(),
+                "Per bucket: Σ bytes / Σ time of its decode-only steps over the read roof (MBU), "
+                "and Σ FLOPs / Σ time of its steps with prompt tokens over the matmul roof (MFU).",
+            )
+        )
+
     hits = _prefix_hits(run, t0, width_s, num)
     if hits is not None:
         chart = Chart(
@@ -308,6 +336,32 @@ def timeline(run: RunData) -> list[Figure]:
 def _in_flight(run: RunData, t0: int, centres: list[float]) -> list[float]:
     spans = [((r.sent_ns - t0) / 1e9, (r.end_ns - t0) / 1e9) for r in run.requests if r.end_ns]
     return [float(sum(1 for a, b in spans if a <= c < b)) for c in centres]
+
+
+def _utilization(
+    run: RunData, t0: int, width_s: float, num: int
+) -> dict[str, list[float | None]] | None:
+    """Decode MBU and prefill (+ mixed) MFU per time bucket; None without roofs or steps."""
+    roofs = (run.results.get("roofline") or {}).get("roofs")
+    if not roofs or not run.steps:
+        return None
+    # Per bucket: [decode bytes, decode seconds, prompt-step FLOPs, prompt-step seconds]
+    sums = [[0.0, 0.0, 0.0, 0.0] for _ in range(num)]
+    for step in run.steps:
+        i = min(max(int((step["t_end_ns"] - t0) / 1e9 / width_s), 0), num - 1)
+        seconds = (step["t_end_ns"] - step["t_start_ns"]) / 1e9
+        if step["phase"] == "decode":
+            sums[i][0] += step["bytes"]
+            sums[i][1] += seconds
+        else:
+            sums[i][2] += step["flops"]
+            sums[i][3] += seconds
+    return {
+        "decode MBU": [b / t / roofs["read_bytes_per_s"] if t > 0 else None for b, t, _, _ in sums],
+        "prefill and mixed MFU": [
+            f / t / roofs["flops_per_s"] if t > 0 else None for _, _, f, t in sums
+        ],
+    }
 
 
 def _prefix_hits(run: RunData, t0: int, width_s: float, num: int) -> list[float | None] | None:

@@ -24,6 +24,7 @@ RUN_FIGURES = {
     "timeline-kv",
     "timeline-prefix",
     "timeline-telemetry",
+    "timeline-utilisation",
     "sessions",
 }
 
