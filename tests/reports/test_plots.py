@@ -49,3 +49,30 @@ def test_utilisation_per_time_bucket():
     assert util["decode MBU"] == [pytest.approx(400 / 1.5 / 1000), 0.0, None]
     assert util["prefill and mixed MFU"] == [None, pytest.approx(250 / 1.0 / 500), None]
     assert plots._utilization(_run(steps, None), 0, 2.0, 3) is None  # no roofs, no panel
+
+
+def test_roofline_draws_measured_and_datasheet_roofs_and_a_point_per_step():
+    import xml.etree.ElementTree as ET
+
+    run = _run(
+        [
+            {**_step(0.0, 0.001, "decode", 2e9, 1e9), "num_seqs": 1},
+            {**_step(0.0, 0.010, "prefill", 5e11, 1e9), "num_seqs": 1},
+        ],
+        {"label": "measured X", "read_bytes_per_s": 2e12, "flops_per_s": 5e14},
+    )
+    run.results["roofline"]["datasheet_roofs"] = {
+        "label": "datasheet H100-SXM",
+        "read_bytes_per_s": 3.35e12,
+        "flops_per_s": 989e12,
+    }
+    figure = plots.roofline(run)
+    plot = ET.fromstring(figure.svg).find("svg")
+    lines = plot.findall("polyline")
+    # measured roof, its ridge marker, then the datasheet roof dashed (no ridge marker)
+    assert [line.get("stroke-dasharray") for line in lines] == [None, "2 3", "6 4"]
+    assert len(plot.findall("g/circle")) == 2
+    legend = [t.text for t in ET.fromstring(figure.svg).iter("text")]
+    assert "measured X: 2TB/s, 500TFLOP/s" in legend
+    assert "datasheet H100-SXM: 3.35TB/s, 989TFLOP/s" in legend
+    assert "decode steps (1)" in legend and "prefill steps (1)" in legend
