@@ -206,24 +206,6 @@ def decode_cost(
     return step_cost(config, step)
 
 
-def decode_step_time_bound_s(
-    config: ModelConfig,
-    batch: int,
-    context_len: int,
-    weight_bytes_per_param: float,
-    kv_bytes_per_elem: float,
-    peak_bytes_per_s: float,
-    peak_flops_per_s: float,
-    tp: int = 1,
-) -> float:
-    """Lower bound on one decode step of `batch` sequences at `context_len`, in seconds.
-
-    Formula: max(bytes / peak_bytes_per_s, flops / peak_flops_per_s).
-    """
-    cost = decode_cost(config, batch, context_len, weight_bytes_per_param, kv_bytes_per_elem, tp)
-    return time_bound_s(cost, peak_bytes_per_s, peak_flops_per_s)
-
-
 def time_bound_s(cost: Cost, peak_bytes_per_s: float, peak_flops_per_s: float) -> float:
     """The roofline: a step can go no faster than its bytes or its FLOPs allow.
 

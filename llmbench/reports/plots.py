@@ -20,8 +20,7 @@ MAX_POINTS = 4000  # roofline points drawn; a longer run is thinned evenly (the 
 @dataclass(frozen=True)
 class Figure:
     key: str  # stable id, used as the HTML element id
-    title: str
-    svg: str
+    svg: str  # carries its own <title>
     caption: str
 
 
@@ -104,7 +103,7 @@ def roofline(run: RunData) -> Figure | None:
         )
     if stride > 1:
         caption += f" Every {stride}th step of {len(run.steps)} is drawn."
-    return Figure("roofline", chart.title, chart.svg(), caption)
+    return Figure("roofline", chart.svg(), caption)
 
 
 def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
@@ -138,7 +137,7 @@ def latency_cdf(run: RunData, name: str) -> Figure | None:
     caption = f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(values):.1f} ms."
     if slo is not None and not slo_in_view:
         caption += f" The SLO ({slo:g} ms) is off the chart, far right of every request."
-    return Figure(name.removesuffix("_ms") + "-cdf", chart.title, chart.svg(), caption)
+    return Figure(name.removesuffix("_ms") + "-cdf", chart.svg(), caption)
 
 
 def itl_histogram(run: RunData) -> Figure | None:
@@ -170,7 +169,7 @@ def itl_histogram(run: RunData) -> Figure | None:
         f"p50 {metrics.percentile(samples, 50):.1f} ms, p99 {metrics.percentile(samples, 99):.1f}"
         f" ms; {overflow} samples beyond {top:.1f} ms (p99.5) are not drawn."
     )
-    return Figure("itl-histogram", chart.title, chart.svg(), caption)
+    return Figure("itl-histogram", chart.svg(), caption)
 
 
 def _buckets(span_s: float) -> float:
@@ -211,7 +210,6 @@ def timeline(run: RunData) -> list[Figure]:
     figures.append(
         Figure(
             "timeline-tokens",
-            chart.title,
             chart.svg(),
             f"In {width_s:g} s buckets from the first measured send.",
         )
@@ -239,7 +237,6 @@ def timeline(run: RunData) -> list[Figure]:
     figures.append(
         Figure(
             "timeline-sequences",
-            chart.title,
             chart.svg(),
             "Sequences the engine ran and kept waiting in each step; requests the client had open.",
         )
@@ -268,7 +265,6 @@ def timeline(run: RunData) -> list[Figure]:
         figures.append(
             Figure(
                 "timeline-kv",
-                chart.title,
                 chart.svg(),
                 "KV blocks held by sequences and the prefix cache's live blocks.",
             )
@@ -286,16 +282,10 @@ def timeline(run: RunData) -> list[Figure]:
             height=220,
         )
         for (label, series), colour in zip(utilization.items(), (BLUE, ORANGE), strict=False):
-            chart.points(
-                [c for c, v in zip(centres, series, strict=True) if v is not None],
-                [v for v in series if v is not None],
-                colour,
-                label,
-            )
+            chart.points(centres, series, colour, label)  # buckets without steps: None, skipped
         figures.append(
             Figure(
                 "timeline-utilisation",
-                chart.title,
                 chart.svg(),
                 "Per bucket: Σ bytes / Σ time of its decode-only steps over the read roof (MBU), "
                 "and Σ FLOPs / Σ time of its steps with prompt tokens over the matmul roof (MFU).",
@@ -313,16 +303,10 @@ def timeline(run: RunData) -> list[Figure]:
             width=760,
             height=200,
         )
-        chart.points(
-            [c for c, h in zip(centres, hits, strict=True) if h is not None],
-            [h for h in hits if h is not None],
-            GREEN,
-            "hit rate of requests sent",
-        )
+        chart.points(centres, hits, GREEN, "hit rate of requests sent")  # None: nothing sent
         figures.append(
             Figure(
                 "timeline-prefix",
-                chart.title,
                 chart.svg(),
                 "Prompt tokens served from the prefix cache, by send time.",
             )
@@ -399,7 +383,7 @@ def _telemetry(run: RunData, t0: int, x: Scale) -> Figure:
     if "power_w" in rows[0]:
         extra.append(f"power max {max(row['power_w'] for row in rows):.0f} W")
     caption = f"Sampled every ~{_median_gap_s(ts) * 1e3:.0f} ms. " + "; ".join(extra)
-    return Figure("timeline-telemetry", chart.title, chart.svg(), caption)
+    return Figure("timeline-telemetry", chart.svg(), caption)
 
 
 def _median_gap_s(ts: list[float]) -> float:
@@ -448,7 +432,7 @@ def session_waterfall(run: RunData, max_sessions: int = 40) -> Figure | None:
         f"Sessions in order of their start ({shown}); the gaps between a session's "
         "requests are tool latency or think time."
     )
-    return Figure("sessions", chart.title, chart.svg(), caption)
+    return Figure("sessions", chart.svg(), caption)
 
 
 def sweep_curves(points: list[RunData]) -> list[Figure]:
@@ -483,7 +467,6 @@ def sweep_curves(points: list[RunData]) -> list[Figure]:
         figures.append(
             Figure(
                 f"sweep-{name}",
-                chart.title,
                 chart.svg(),
                 "Each marker is one sweep point, labelled with its rate or concurrency.",
             )

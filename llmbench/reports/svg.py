@@ -97,8 +97,6 @@ class Chart:
     y: Scale
     width: int = 640
     height: int = 340
-    x_unit: str = ""
-    y_unit: str = ""
     legend_at_bottom: bool = False  # legend in the bottom-right corner instead of the top-right
     y_tick_labels: dict[float, str] | None = None  # text at chosen y values instead of numbers
     _body: list[str] = field(default_factory=list)
@@ -118,9 +116,12 @@ class Chart:
     def py(self, y: float) -> float:
         return _MARGIN_TOP + (1 - self.y.frac(y)) * self._plot_h
 
-    def _in_view(self, x: float, y: float) -> bool:
+    def _in_view(self, x: float | None, y: float | None) -> bool:
+        """Whether a value can be drawn: known (not None), finite, positive on a log axis."""
         return (
-            math.isfinite(x)
+            x is not None
+            and y is not None
+            and math.isfinite(x)
             and math.isfinite(y)
             and (not self.x.is_log or x > 0)
             and (not self.y.is_log or y > 0)
@@ -155,8 +156,8 @@ class Chart:
 
     def points(
         self,
-        xs: Sequence[float],
-        ys: Sequence[float],
+        xs: Sequence[float | None],
+        ys: Sequence[float | None],
         colour: str,
         label: str | None = None,
         radii: Sequence[float] | None = None,
@@ -237,9 +238,9 @@ class Chart:
             grid.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}"/>')
             parts.append(
                 f'<text x="{x:.1f}" y="{bottom + 15}" font-size="11" text-anchor="middle">'
-                f"{escape(si(tick, self.x_unit))}</text>"
+                f"{escape(si(tick))}</text>"
             )
-        y_ticks = self.y_tick_labels or {t: si(t, self.y_unit) for t in self.y.ticks()}
+        y_ticks = self.y_tick_labels or {t: si(t) for t in self.y.ticks()}
         for tick, text in y_ticks.items():
             y = self.py(tick)
             grid.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}"/>')

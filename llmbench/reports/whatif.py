@@ -53,7 +53,7 @@ def _roofline(result: dict[str, Any]) -> Figure:
         "Each point is one decode step of B sequences at the given context, at the bound the "
         "roofs allow: on the slanted roof it is memory-bound, on the flat one compute-bound."
     )
-    return Figure("whatif-roofline", chart.title, chart.svg(), caption)
+    return Figure("whatif-roofline", chart.svg(), caption)
 
 
 def _against_batch(result: dict[str, Any], key: str, title: str, unit: str) -> Figure:
@@ -82,7 +82,7 @@ def _against_batch(result: dict[str, Any], key: str, title: str, unit: str) -> F
             "No batch up to 65,536 makes decode compute-bound at these contexts: each sequence "
             "brings its own KV traffic, so FLOPs and bytes grow together."
         )
-    return Figure(f"whatif-{key}", chart.title, chart.svg(), caption)
+    return Figure(f"whatif-{key}", chart.svg(), caption)
 
 
 def render(result: dict[str, Any]) -> str:

@@ -24,9 +24,9 @@ from llmbench.harness.roofline import (
     Cost,
     StepShape,
     decode_cost,
-    decode_step_time_bound_s,
     ridge_batch,
     step_cost,
+    time_bound_s,
 )
 
 TINY = ModelConfig(
@@ -199,8 +199,9 @@ def test_bad_shapes_are_rejected():
 
 def test_decode_step_time_bound_is_the_slower_roof():
     # Batch 1 at context 10: 4336 bytes, 4544 FLOPs (test above).
-    assert decode_step_time_bound_s(TINY, 1, 10, 2, 2, 2168.0, 1e9) == pytest.approx(2.0)
-    assert decode_step_time_bound_s(TINY, 1, 10, 2, 2, 1e9, 2272.0) == pytest.approx(2.0)
+    cost = decode_cost(TINY, 1, 10, 2, 2)
+    assert time_bound_s(cost, 2168.0, 1e9) == pytest.approx(2.0)
+    assert time_bound_s(cost, 1e9, 2272.0) == pytest.approx(2.0)
 
 
 def test_ridge_batch_on_a_hand_made_device():
