@@ -25,8 +25,9 @@ def render(run: RunData) -> str:
         f"git {p.get('git_sha') or '-'}",
         "",
     ]
-    lines += [f"> **warning:** {w}" for w in tables.warnings(run)]
-    if tables.warnings(run):
+    warnings = tables.warnings(run)
+    lines += [f"> **warning:** {w}" for w in warnings]
+    if warnings:
         lines.append("")
     lines += _table(("", ""), tables.headline(run))
     lines += ["## Latency (ms)", ""]
