@@ -178,6 +178,11 @@ def _buckets(span_s: float) -> float:
     return next((w for w in (0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60) if w >= raw), 60.0)
 
 
+def _bucket(t_ns: int, t0: int, width_s: float, num: int) -> int:
+    """The timeline bucket of a time: the first or last for times outside the run."""
+    return min(max(int((t_ns - t0) / 1e9 / width_s), 0), num - 1)
+
+
 def timeline(run: RunData) -> list[Figure]:
     """Panels over the run's time: tokens/s, sequences, KV blocks, prefix hits, telemetry."""
     t0 = run.t0_ns
@@ -195,11 +200,11 @@ def timeline(run: RunData) -> list[Figure]:
     # Tokens/s: output tokens by arrival; prefill tokens by engine step.
     out = [0.0] * num
     for t, k in chunks:
-        out[min(int((t - t0) / 1e9 / width_s), num - 1)] += k / width_s
+        out[_bucket(t, t0, width_s, num)] += k / width_s
     prefill = [0.0] * num
     for s in run.steps:
         if s.get("num_prefill_tokens"):
-            i = min(max(int((s["t_end_ns"] - t0) / 1e9 / width_s), 0), num - 1)
+            i = _bucket(s["t_end_ns"], t0, width_s, num)
             prefill[i] += s["num_prefill_tokens"] / width_s
     chart = Chart(
         "Throughput", "time (s)", "tokens/s", x, Scale.fit(out + prefill), width=760, height=240
@@ -332,7 +337,7 @@ def _utilization(
     # Per bucket: [decode bytes, decode seconds, prompt-step FLOPs, prompt-step seconds]
     sums = [[0.0, 0.0, 0.0, 0.0] for _ in range(num)]
     for step in run.steps:
-        i = min(max(int((step["t_end_ns"] - t0) / 1e9 / width_s), 0), num - 1)
+        i = _bucket(step["t_end_ns"], t0, width_s, num)
         seconds = (step["t_end_ns"] - step["t_start_ns"]) / 1e9
         if step["phase"] == "decode":
             sums[i][0] += step["bytes"]
@@ -355,7 +360,7 @@ def _prefix_hits(run: RunData, t0: int, width_s: float, num: int) -> list[float 
     for r in run.requests:
         if r.cached_tokens is None:
             continue
-        i = min(max(int((r.sent_ns - t0) / 1e9 / width_s), 0), num - 1)
+        i = _bucket(r.sent_ns, t0, width_s, num)
         prompt[i] += r.server_prompt_tokens or r.num_prompt_tokens
         cached[i] += r.cached_tokens
     return [c / p if p else None for c, p in zip(cached, prompt, strict=True)]
