@@ -1,3 +1,3 @@
-from llmbench.harness.cli import main
+from llmbench.cli.main import main
 
 main()

@@ -1,1 +1,1 @@
-"""The harness: CLI, workloads, driver, metrics, roofline."""
+"""The harness: specs, workloads, driver, backends, metrics, cost model, results, serving."""

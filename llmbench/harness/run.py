@@ -6,6 +6,7 @@ import asyncio
 import gc
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -160,21 +161,24 @@ async def _drive(
         await backend.close()
 
 
-def execute(spec: RunSpec, out_dir: Path | None) -> Path:
-    """Run the spec (every sweep point) and write the run folder; returns its path."""
+def execute(spec: RunSpec, out_dir: Path | None, write_reports: Callable[[Path], object]) -> Path:
+    """Run the spec (every sweep point) and write the run folder; returns its path.
+
+    `write_reports(folder)` renders the reports of a finished run or sweep folder (the reports
+    layer sits above this one, so the caller hands it in)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = out_dir or Path(spec.output_dir) / f"{spec.name}-{stamp}"
     if not spec.load.sweep:
-        return _execute_point(spec, root, None)
+        return _execute_point(spec, root, None, write_reports)
     for value in arrivals.sweep_points(list(spec.load.sweep)):
-        _execute_point(spec, root / f"point-{value:g}", value)
-    from llmbench.reports.render import write_reports
-
+        _execute_point(spec, root / f"point-{value:g}", value, write_reports)
     write_reports(root)
     return root
 
 
-def _execute_point(spec: RunSpec, folder: Path, point: float | None) -> Path:
+def _execute_point(
+    spec: RunSpec, folder: Path, point: float | None, write_reports: Callable[[Path], object]
+) -> Path:
     backend, tokenizer, model_config = _open_backend(spec)
     tokens = Tokens(tokenizer.encode, tokenizer.decode)
     sessions = build_sessions(spec.workload, spec.seed, tokens)
@@ -228,8 +232,6 @@ def _execute_point(spec: RunSpec, folder: Path, point: float | None) -> Path:
         summary["roofline_is_estimated"] = roof["is_estimated"]
     write_run(folder, results, records, points, driver.result.sessions, telemetry)
     print(format_summary(results), file=sys.stderr if point is not None else sys.stdout)
-    from llmbench.reports.render import write_reports
-
     write_reports(folder)
     print(folder)
     if interrupted:
@@ -247,35 +249,31 @@ def _roofline(
     token times (`roofline.estimate_decode_steps`), against `backend.hardware` when the spec
     names it. The transformers baseline has neither steps nor a stream of its own: none.
     """
-    from llmbench.harness import roofline
+    from llmbench.harness import cost_model, hardware, roofline
 
     measured = None
     if spec.backend.kind == "engine":
-        from llmbench.harness import hardware
-
         engine = backend.engine
         dtype = str(engine.dtype).removeprefix("torch.")
         elem_bytes = engine.dtype.itemsize
         points = roofline.cost_steps(model_config, backend.step_records, elem_bytes, elem_bytes)
         measured = hardware.ceilings(engine.device.type)
         roofs = _measured_roofs(measured, dtype)
-        sheet_name = roofline.datasheet_name_of(measured["device"])
+        sheet_name = hardware.datasheet_name_of(measured["device"])
     elif spec.backend.kind == "openai":
         dtype = spec.dtype
-        elem_bytes = roofline.BYTES_PER_ELEM[dtype]
+        elem_bytes = cost_model.BYTES_PER_ELEM[dtype]
         ok = [r for r in records if not r.is_warmup]
         points = roofline.estimate_decode_steps(model_config, ok, elem_bytes, elem_bytes)
         roofs, sheet_name = None, None
         if spec.backend.hardware == "measured":
-            from llmbench.harness import hardware
-
             measured = hardware.ceilings("cpu")
             roofs = _measured_roofs(measured, dtype)
         elif spec.backend.hardware is not None:
             sheet_name = spec.backend.hardware
     else:
         return [], None, None
-    sheet = roofline.datasheet(sheet_name) if sheet_name else None
+    sheet = hardware.datasheet(sheet_name) if sheet_name else None
     datasheet_roofs = None
     if sheet is not None and sheet["flops_per_s"].get(dtype):
         datasheet_roofs = {

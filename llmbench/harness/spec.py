@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from llmbench.errors import UserError
-from llmbench.harness.roofline import HARDWARE, datasheet
+from llmbench.harness.hardware import HARDWARE, datasheet
 
 
 @dataclass(frozen=True)

@@ -358,8 +358,8 @@ def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
     """A remote server on an H100: MBU of the estimated decode against the datasheet's 3.35
     TB/s; without `backend.hardware`, achieved numbers only."""
     from llmbench.engine.presets import PRESETS
+    from llmbench.harness.cost_model import decode_cost
     from llmbench.harness.records import RequestRecord
-    from llmbench.harness.roofline import decode_cost
     from llmbench.harness.run import _roofline
     from llmbench.harness.spec import load_spec
 

@@ -99,7 +99,7 @@ def test_report_rerenders_without_torch(run_folder, tmp_path):
     (copy / "report.md").unlink()
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
-        "from llmbench.harness.cli import main; "
+        "from llmbench.cli.main import main; "
         f"sys.argv = ['llmbench', 'report', {str(copy)!r}]; main()"
     )
     result = subprocess.run(

@@ -1,0 +1,1 @@
+"""The command line, the top layer: parse, call one layer below, print."""

@@ -1,0 +1,39 @@
+"""The `llmbench` command group and its entry point: user errors are one line, not a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from llmbench.cli.generate import generate
+from llmbench.cli.models import inspect, models
+from llmbench.cli.roofline import hardware_command, roofline
+from llmbench.cli.run import export, report, run
+from llmbench.cli.serve import serve
+from llmbench.errors import UserError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="llmbench")
+def cli() -> None:
+    """LLM-inference benchmarking and roofline profiling with a built-in engine."""
+
+
+for command in (generate, run, report, export, serve, hardware_command, roofline, inspect, models):
+    cli.add_command(command)
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
+    try:
+        cli(standalone_mode=False)
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        sys.exit(130)
