@@ -17,16 +17,17 @@ from dataclasses import dataclass
 
 import torch
 
+from llmbench.engine.checkpoint import check_tensors
+from llmbench.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from llmbench.engine.kv_cache import BlockManager, blocks_for
 from llmbench.engine.model import LlamaModel
 from llmbench.engine.paged_attention import KVCache
 from llmbench.engine.records import RequestOutput, StepRecord
 from llmbench.engine.runner import ModelRunner
-from llmbench.engine.sampling import SamplingParams, StopStringMatcher, check_stop, make_generator
+from llmbench.engine.sampling import SamplingParams, check_stop, make_generator
 from llmbench.engine.scheduler import Scheduler, SchedulerConfig
 from llmbench.engine.sequence import Sequence
-from llmbench.engine.tokenizer import IncrementalDetokenizer
-from llmbench.engine.weights import check_tensors, open_weights, parse_dtype
+from llmbench.engine.weights import open_weights, parse_dtype
 from llmbench.errors import UserError
 
 _DEFAULT_CPU_KV_BYTES = 2 * 1024**3

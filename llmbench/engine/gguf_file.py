@@ -19,9 +19,9 @@ import gguf
 import numpy as np
 import torch
 
+from llmbench.engine.checkpoint import TensorInfo
 from llmbench.engine.config import ModelConfig, RopeScaling
 from llmbench.engine.tokenizer import Tokenizer
-from llmbench.engine.weights import TensorInfo
 from llmbench.errors import UserError
 
 # general.architecture -> (Q/K rows permuted by llama.cpp, q/k/v carry a bias).

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from llmbench.engine.checkpoint import TensorInfo
 from llmbench.engine.config import ModelConfig, config_from_hf
 from llmbench.engine.tokenizer import Tokenizer
-from llmbench.engine.weights import TensorInfo
 from llmbench.errors import UserError
 
 _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I8": 1, "U8": 1}

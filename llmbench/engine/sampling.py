@@ -1,10 +1,10 @@
-"""Per-request sampling: settings, the batched sampler, stop strings and finish decisions.
+"""Per-request sampling: settings, the batched sampler and finish decisions.
 
 The engine's forward pass ends in logits `[B, V]`, one row per running request. `sample` turns
 them into one token id per row, honouring each row's own `SamplingParams` and `torch.Generator`
 (so a seeded request draws the same tokens whatever else is in the batch). After the token is
-detokenized, `StopStringMatcher` decides what text may be streamed and `check_stop` decides
-whether the request is finished.
+detokenized, `detokenizer.StopStringMatcher` decides what text may be streamed and
+`check_stop` decides whether the request is finished.
 """
 
 from __future__ import annotations
@@ -195,62 +195,6 @@ def _top_k_top_p_mask(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
 
     # Back to vocabulary order: sorted position j holds token sorted_ids[:, j].
     return torch.empty_like(drop).scatter_(-1, sorted_ids, drop)
-
-
-class StopStringMatcher:
-    """Finds stop strings in streamed text, even when one is split across token deltas.
-
-    `push` returns only text that cannot be the start of a stop string; a suffix that might be
-    is held back until the next delta settles it. With no stop strings, text passes straight
-    through.
-    """
-
-    def __init__(self, stop: Sequence[str]) -> None:
-        self._stop = tuple(stop)
-        self._held = ""  # a suffix of the stream that is a proper prefix of some stop string
-        self._is_stopped = False
-
-    @property
-    def is_stopped(self) -> bool:
-        """True once a stop string was found; later pushes emit nothing."""
-        return self._is_stopped
-
-    def push(self, text_delta: str) -> tuple[str, bool]:
-        """Add newly decoded text; return (text safe to emit now, whether a stop string hit).
-
-        On a hit the returned text ends just before the stop string; the stop string and
-        anything after it are never emitted.
-        """
-        if self._is_stopped:
-            return "", True
-        if not self._stop:
-            return text_delta, False
-        text = self._held + text_delta
-        # The held text contains no whole stop string (it would have hit last time), so any
-        # match found here is new. The stop string that is *complete* first wins (ties: the
-        # longer one), as if the text had arrived one character at a time: the result must not
-        # depend on how the text was cut into deltas.
-        matches = [(start + len(s), start) for s in self._stop if (start := text.find(s)) >= 0]
-        if matches:
-            self._held = ""
-            self._is_stopped = True
-            return text[: min(matches)[1]], True
-        num_held = max(_longest_suffix_prefix(text, s) for s in self._stop)
-        self._held = text[len(text) - num_held :]
-        return text[: len(text) - num_held], False
-
-    def flush(self) -> str:
-        """Release the held-back text when generation ends without a stop string."""
-        held, self._held = self._held, ""
-        return held
-
-
-def _longest_suffix_prefix(text: str, stop: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `stop` (0 if none)."""
-    for n in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
 
 
 def check_stop(

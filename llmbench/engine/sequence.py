@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmbench.engine.sampling import SamplingParams, StopStringMatcher
-from llmbench.engine.tokenizer import IncrementalDetokenizer
+from llmbench.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from llmbench.engine.sampling import SamplingParams
 
 
 @dataclass(eq=False)

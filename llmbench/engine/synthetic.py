@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from llmbench.engine.checkpoint import TensorInfo, expected_tensors
 from llmbench.engine.presets import PRESETS
 from llmbench.engine.tokenizer import Tokenizer
-from llmbench.engine.weights import TensorInfo, expected_tensors
 from llmbench.errors import UserError
 
 # Released checkpoints of these models are stored in bfloat16; `inspect` reports that size.

@@ -1,4 +1,4 @@
-"""Text <-> token ids: the vocabulary, the chat template, the stop ids and streaming decode.
+"""Text <-> token ids: the vocabulary of a model, loaded from its files, and its BOS/EOS policy.
 
 A `Tokenizer` wraps a `tokenizers.Tokenizer` (the Hugging Face Rust library, which does the actual
 splitting and merging) and adds what the engine needs around it: which ids end a sequence, whether
@@ -8,7 +8,7 @@ a raw prompt starts with BOS, and the model's jinja chat template. It is built f
 - a GGUF file's metadata, rebuilt the way `transformers` rebuilds it, so both give the same ids,
 - `Tokenizer.byte_level()`, a download-free tokenizer for synthetic-weight models.
 
-`IncrementalDetokenizer` turns generated ids into text one token at a time for streaming.
+The chat template lives in `chat_template`, streaming decode in `detokenizer`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,13 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import gguf
-import jinja2
-import jinja2.ext
 import tokenizers
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
+from llmbench.engine.chat_template import ChatTemplate
 from llmbench.errors import UserError
 
 # GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
@@ -102,7 +99,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self._template = _compile_chat_template(chat_template) if chat_template else None
+        self._template = ChatTemplate(chat_template) if chat_template else None
 
     # -- constructors -------------------------------------------------------------------------
 
@@ -301,19 +298,9 @@ class Tokenizer:
                 "no chat template: this tokenizer has none: send raw prompts, or use a model "
                 "whose tokenizer files include a chat template"
             )
-        special = {"bos_token": self.bos_token, "eos_token": self.eos_token}
-        try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                # A missing token is left undefined (renders "") rather than "None".
-                **{name: token for name, token in special.items() if token is not None},
-            )
-        except jinja2.TemplateError as e:
-            raise UserError(
-                f"chat template failed: {_first_line(e)}: check the roles and order of the "
-                "messages against what the model's template accepts"
-            ) from e
+        return self._template.render(
+            messages, add_generation_prompt, bos_token=self.bos_token, eos_token=self.eos_token
+        )
 
     def encode_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
@@ -324,109 +311,6 @@ class Tokenizer:
         if self.add_bos and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
         return ids
-
-
-class IncrementalDetokenizer:
-    """Generated ids -> new text per token, for streaming.
-
-    Decoding one id alone is wrong in two ways: a UTF-8 character can be split over several
-    byte tokens, and some decoders change a token's text depending on what precedes it
-    (sentencepiece drops the leading space of the first token). So, as vLLM does, each step
-    decodes a small window `ids[prefix_offset:]` and emits what it adds to the text of
-    `ids[prefix_offset:read_offset]`, which was already emitted. Output is held back while the
-    window's text ends in U+FFFD (an incomplete character). The window is the last emitted
-    token(s) plus the pending ones, so a step costs O(window), not O(tokens so far).
-
-    Invariant: the concatenation of all `push` results and `flush()` equals
-    `tokenizer.decode(all_ids, skip_special_tokens)`: for any ids with a byte-level decoder, and
-    for ids of valid UTF-8 with sentencepiece's byte fallback (which turns a whole run of <0xNN>
-    tokens into U+FFFDs if any byte in it is invalid, something no streaming decoder can foresee).
-    """
-
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
-        self._tokenizer = tokenizer
-        self._skip_special_tokens = skip_special_tokens
-        self._ids: list[int] = []
-        self._prefix_offset = 0  # window start: tokens decoded only as context
-        self._read_offset = 0  # tokens before this have been emitted
-        self._prefix_text = ""  # decode(ids[prefix_offset:read_offset]), already emitted
-
-    def push(self, token_id: int) -> str:
-        """Add one generated id; return the text it completes ("" while a character is split)."""
-        self._ids.append(token_id)
-        text = self._decode_window()
-        if len(text) <= len(self._prefix_text) or text.endswith("\ufffd"):
-            return ""
-        return self._advance(text)
-
-    def flush(self) -> str:
-        """Return whatever is held back (a trailing U+FFFD if the ids end mid-character)."""
-        text = self._decode_window()
-        if len(text) <= len(self._prefix_text):
-            return ""
-        return self._advance(text)
-
-    def _decode_window(self) -> str:
-        window = self._ids[self._prefix_offset :]
-        return self._tokenizer.decode(window, skip_special_tokens=self._skip_special_tokens)
-
-    def _advance(self, text: str) -> str:
-        """Emit the new part of `text` and slide the window: the tokens just emitted become the
-        context for the next step."""
-        new_text = text[len(self._prefix_text) :]
-        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        self._prefix_text = self._tokenizer.decode(
-            self._ids[self._prefix_offset : self._read_offset],
-            skip_special_tokens=self._skip_special_tokens,
-        )
-        return new_text
-
-
-# -- chat template ------------------------------------------------------------------------------
-
-
-def _compile_chat_template(source: str) -> jinja2.Template:
-    """Compile a chat template in the environment transformers renders them in.
-
-    Templates come from model repos and are untrusted code, hence the sandbox. trim_blocks and
-    lstrip_blocks change the output whitespace, so they must match transformers for the same
-    prompt text; so must the `tojson` override (no HTML escaping, non-ASCII kept).
-    """
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise UserError(
-            f"invalid chat template: line {e.lineno}: {e.message}: fix the template in the "
-            "model's tokenizer files"
-        ) from e
-
-
-def _raise_exception(message: str) -> None:
-    """`raise_exception("...")`, called by templates to reject a conversation."""
-    raise jinja2.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    """Llama-3 templates print today's date."""
-    return datetime.now().strftime(fmt)
 
 
 # -- GGUF vocabularies ------------------------------------------------------------------------

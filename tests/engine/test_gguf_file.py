@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
+from llmbench.engine.checkpoint import TensorInfo
 from llmbench.engine.config import ModelConfig, RopeScaling
 from llmbench.engine.gguf_file import GGUFSource
-from llmbench.engine.weights import TensorInfo
 from llmbench.errors import UserError
 
 T = gguf.GGMLQuantizationType

@@ -11,12 +11,9 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 
 from llmbench.engine.sampling import (
     SamplingParams,
-    StopStringMatcher,
     check_stop,
     make_generator,
     sample,
@@ -360,104 +357,6 @@ def test_sampled_row_without_generator_uses_global_rng() -> None:
     second = sample(LOGITS_10.expand(64, -1), params, [None] * 64)
     assert first.tolist() == second.tolist()
     assert len(set(first.tolist())) > 1  # it really sampled, not argmax
-
-
-# --- StopStringMatcher -----------------------------------------------------------------------
-
-
-def test_stop_string_split_across_two_deltas() -> None:
-    matcher = StopStringMatcher(["###"])
-    assert matcher.push("Hello #") == ("Hello ", False)
-    assert matcher.push("## world") == ("", True)
-    assert matcher.is_stopped
-
-
-def test_stop_string_split_across_three_deltas_with_text_before_it() -> None:
-    matcher = StopStringMatcher(["</end>"])
-    assert matcher.push("abc</") == ("abc", False)
-    assert matcher.push("en") == ("", False)
-    assert matcher.push("d>tail") == ("", True)
-
-
-def test_partial_prefix_released_when_it_is_not_a_stop() -> None:
-    matcher = StopStringMatcher(["###"])
-    assert matcher.push("a#") == ("a", False)
-    assert matcher.push("#b") == ("##b", False)
-    assert matcher.flush() == ""
-
-
-def test_held_prefix_shifts_when_the_match_starts_later() -> None:
-    # "aaab": "aab" starts at index 1, so only the first "a" is output.
-    matcher = StopStringMatcher(["aab"])
-    assert matcher.push("aa") == ("", False)
-    assert matcher.push("a") == ("a", False)
-    assert matcher.push("b") == ("", True)
-
-
-def test_multiple_stop_strings_earliest_wins() -> None:
-    matcher = StopStringMatcher(["STOP", "\n\n"])
-    assert matcher.push("one\n") == ("one", False)
-    assert matcher.push("\ntwo STOP") == ("", True)
-
-    matcher = StopStringMatcher(["\n\n", "STOP"])
-    assert matcher.push("x STOP y\n\n z") == ("x ", True)
-
-
-def test_first_complete_stop_wins_whatever_the_deltas() -> None:
-    """Regression (found by the property test): with stops "a" and "#aa", "#aa" in one delta
-    used to stop at "#aa" (earliest start) but "#a" + "a" at "a". The stop that completes first
-    wins in both cases now."""
-    assert StopStringMatcher(["a", "#aa"]).push("#aa") == ("#", True)
-    matcher = StopStringMatcher(["a", "#aa"])
-    assert matcher.push("#a") == ("#", True)
-
-
-def test_flush_returns_held_text_at_end_of_generation() -> None:
-    matcher = StopStringMatcher(["###"])
-    assert matcher.push("the end#") == ("the end", False)
-    assert matcher.flush() == "#"
-    assert matcher.flush() == ""
-
-
-def test_after_a_hit_nothing_more_is_emitted() -> None:
-    matcher = StopStringMatcher(["###"])
-    assert matcher.push("###") == ("", True)
-    assert matcher.push("more") == ("", True)
-    assert matcher.flush() == ""
-
-
-def test_no_stop_strings_is_pass_through() -> None:
-    matcher = StopStringMatcher([])
-    assert matcher.push("a#") == ("a#", False)
-    assert matcher.push("") == ("", False)
-    assert matcher.flush() == ""
-
-
-@given(
-    text=st.text(alphabet="ab#", max_size=30),
-    stops=st.lists(st.text(alphabet="ab#", min_size=1, max_size=4), min_size=1, max_size=3),
-    cuts=st.lists(st.integers(min_value=0, max_value=30), max_size=10),
-)
-def test_streamed_output_equals_text_cut_at_first_stop(
-    text: str, stops: list[str], cuts: list[int]
-) -> None:
-    # Reference: the whole text, cut where the first stop string to be complete starts (ties:
-    # the longer one) — what a character-by-character stream would see, whatever the cuts.
-    matches = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
-    expected = text[: min(matches)[1]] if matches else text
-
-    bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
-    matcher = StopStringMatcher(stops)
-    output, is_hit = "", False
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        emitted, is_hit = matcher.push(text[lo:hi])
-        output += emitted
-        if is_hit:
-            break
-    if not is_hit:
-        output += matcher.flush()
-    assert output == expected
-    assert is_hit == bool(matches)
 
 
 # --- check_stop ------------------------------------------------------------------------------

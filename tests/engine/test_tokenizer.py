@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
-from llmbench.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from llmbench.engine.tokenizer import Tokenizer
 from llmbench.errors import UserError
+from tests.engine.test_detokenizer import stream_text
 
 # Strings every GGUF tokenizer is checked on against transformers.
 PARITY_STRINGS = [
@@ -249,70 +250,6 @@ def test_byte_level_chat_template() -> None:
     ]
 
 
-# -- IncrementalDetokenizer ---------------------------------------------------------------------
-
-
-def _stream(tok: Tokenizer, ids: list[int], skip_special_tokens: bool = False) -> list[str]:
-    detok = IncrementalDetokenizer(tok, skip_special_tokens=skip_special_tokens)
-    return [detok.push(token_id) for token_id in ids] + [detok.flush()]
-
-
-def test_detokenizer_holds_split_characters() -> None:
-    tok = Tokenizer.byte_level()
-    # 'é' is 2 bytes, '世' 3, '🚀' 4: text appears only when the last byte of each arrives.
-    pieces = _stream(tok, tok.encode("aé世🚀"))
-    assert pieces == ["a", "", "é", "", "", "世", "", "", "", "🚀", ""]
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["naïve café, Ñandú", "日本語のテキスト", "🚀👍🏽 👨‍👩‍👧 🇫🇷", "mixed: é世🚀 a\n\tb <|im_end|>"],
-)
-def test_detokenizer_byte_level_matches_decode(text: str) -> None:
-    tok = Tokenizer.byte_level()
-    pieces = _stream(tok, tok.encode(text))
-    assert "".join(pieces) == text
-    assert not any("\ufffd" in piece for piece in pieces)
-
-
-@given(st.text())
-def test_detokenizer_any_text_streams_to_itself(text: str) -> None:
-    tok = Tokenizer.byte_level()
-    pieces = _stream(tok, tok.encode(text))
-    assert "".join(pieces) == text
-    assert not any("\ufffd" in piece for piece in pieces)
-
-
-@given(st.lists(st.integers(0, 258)), st.booleans())
-def test_detokenizer_any_ids_match_decode(ids: list[int], skip_special_tokens: bool) -> None:
-    """Any ids, invalid UTF-8 and special tokens included: the stream still equals decode."""
-    tok = Tokenizer.byte_level()
-    pieces = _stream(tok, ids, skip_special_tokens)
-    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=skip_special_tokens)
-
-
-class _WindowRecordingTokenizer(Tokenizer):
-    """Records how many ids each decode call sees."""
-
-    window_sizes: list[int]
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        self.window_sizes.append(len(ids))
-        return super().decode(ids, skip_special_tokens)
-
-
-def test_detokenizer_window_stays_small() -> None:
-    tok = _WindowRecordingTokenizer.byte_level()
-    tok.window_sizes = []
-    ids = tok.encode("a🚀" * 2000)
-    assert "".join(_stream(tok, ids)) == "a🚀" * 2000
-    # At most the last emitted character's 4 bytes plus a pending 4-byte character.
-    assert max(tok.window_sizes) <= 8
-
-
-# -- GGUF: synthetic files against transformers -------------------------------------------------
-
-
 def _write_gguf(path: Path, **tokenizer: object) -> Path:
     """A GGUF with no tensors: a tiny llama config (so transformers can load it) + tokenizer."""
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -473,7 +410,7 @@ def test_detokenizer_sentencepiece_matches_decode(
     into characters; streaming must still give exactly what decode gives."""
     tok = sentencepiece_tokenizer
     ids = tok.encode("".join(pieces), add_bos=add_bos)
-    streamed = _stream(tok, ids, skip_special_tokens=skip)
+    streamed = stream_text(tok, ids, skip_special_tokens=skip)
     assert "".join(streamed) == tok.decode(ids, skip_special_tokens=skip)
     assert not any("\ufffd" in piece for piece in streamed)
 
@@ -558,6 +495,6 @@ def test_smollm2_detokenizer_streams(smollm2: tuple[Tokenizer, object]) -> None:
     tok, _ = smollm2
     for text in PARITY_STRINGS:
         ids = tok.encode(text)
-        pieces = _stream(tok, ids)
+        pieces = stream_text(tok, ids)
         assert "".join(pieces) == tok.decode(ids) == text
         assert not any("\ufffd" in piece for piece in pieces)
