@@ -2,7 +2,8 @@
 
 Other threads submit and abort; the loop thread steps whenever there is work and hands every
 `RequestOutput` to a callback (called on the loop thread: an asyncio user forwards it with
-`loop.call_soon_threadsafe`).
+`loop.call_soon_threadsafe`). If a step raises, the loop stops, keeps the error, and hands it to
+`on_error` once, so whoever waits on outputs can be told at once instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -13,14 +14,21 @@ from collections.abc import Callable, Sequence
 from llmbench.engine.engine import LLMEngine
 from llmbench.engine.records import RequestOutput
 from llmbench.engine.sampling import SamplingParams
+from llmbench.errors import BackendFailure
 
 _IDLE_WAIT_S = 0.05  # how long an idle loop sleeps before looking again (a submit wakes it)
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, on_output: Callable[[RequestOutput], None]):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_output: Callable[[RequestOutput], None],
+        on_error: Callable[[BaseException], None] = lambda error: None,
+    ):
         self.engine = engine
         self._on_output = on_output
+        self._on_error = on_error
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llmbench-engine", daemon=True)
@@ -39,7 +47,7 @@ class EngineLoop:
         self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None
     ) -> str:
         if self.error is not None:
-            raise RuntimeError("the engine loop has stopped") from self.error
+            raise BackendFailure(f"the engine has stopped: {describe(self.error)}")
         request_id = self.engine.add_request(prompt, params, request_id)
         self._wake.set()
         return request_id
@@ -57,6 +65,11 @@ class EngineLoop:
                     continue
                 for output in self.engine.step():
                     self._on_output(output)
-        except BaseException as e:  # surfaced to submitters; the thread must not die silently
+        except BaseException as e:  # kept and handed on: the thread must not die silently
             self.error = e
-            raise
+            self._on_error(e)
+
+
+def describe(error: BaseException) -> str:
+    """`TypeName: message`, the one line that names an engine crash."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

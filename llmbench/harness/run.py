@@ -256,7 +256,7 @@ def _roofline(
         engine = backend.engine
         dtype = str(engine.dtype).removeprefix("torch.")
         elem_bytes = engine.dtype.itemsize
-        points = roofline.cost_steps(model_config, backend.step_records, elem_bytes, elem_bytes)
+        points = roofline.cost_steps(model_config, backend.engine.step_records, elem_bytes, elem_bytes)
         measured = hardware.ceilings(engine.device.type)
         roofs = _measured_roofs(measured, dtype)
         sheet_name = hardware.datasheet_name_of(measured["device"])

@@ -1,18 +1,19 @@
-"""The built-in engine, in-process: its step loop on its own thread, outputs into asyncio.
+"""The built-in engine as a backend, in-process, through the shared `EngineClient`.
 
 Token times are the engine's own `perf_counter_ns()` stamps, taken when each token is on the
-host, so the thread hop to the event loop adds nothing to TTFT or ITL.
+host, so the thread hop to the event loop adds nothing to TTFT or ITL. Every engine step is
+handed to `on_step` as it completes (on the engine thread), so a run can write it to disk at
+once; if the engine thread dies, every open request ends with its `BackendFailure`.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from llmbench.engine.engine import EngineConfig, LLMEngine
-from llmbench.engine.loop import EngineLoop
-from llmbench.engine.records import RequestOutput, StepRecord
+from llmbench.engine.records import StepRecord
 from llmbench.engine.sampling import SamplingParams
+from llmbench.harness.engine_client import EngineClient
 from llmbench.harness.records import GenerationRequest, StreamEvent
 
 
@@ -21,60 +22,39 @@ class EngineBackend:
 
     def __init__(self, config: EngineConfig):
         self.engine = LLMEngine(config)
-        self._loop: EngineLoop | None = None
-        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
-        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self.client = EngineClient(self.engine)
 
-    @property
-    def step_records(self) -> list[StepRecord]:
-        return self.engine.step_records
+    def record_steps(self, on_step: Callable[[StepRecord], None] | None) -> None:
+        """Hand every engine step to `on_step` from now on (None: stop)."""
+        self.engine.on_step = on_step
 
     async def start(self) -> None:
-        self._event_loop = asyncio.get_running_loop()
-        self._loop = EngineLoop(self.engine, self._deliver).start()
-
-    def _deliver(self, output: RequestOutput) -> None:  # on the engine thread
-        queue = self._queues.get(output.request_id)
-        if queue is not None:
-            self._event_loop.call_soon_threadsafe(queue.put_nowait, output)
+        await self.client.start()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        tokenizer = self.engine.tokenizer
-        if request.use_chat:
-            prompt_ids = tokenizer.encode_chat(list(request.messages))
-        else:
-            prompt_ids = tokenizer.encode(request.prompt_text)
+        prompt_ids = request.prompt_ids
+        if prompt_ids is None:
+            tokenizer = self.engine.tokenizer
+            if request.use_chat:
+                prompt_ids = tokenizer.encode_chat(list(request.messages), tools=request.tools)
+            else:
+                prompt_ids = tokenizer.encode(request.prompt_text)
         params = SamplingParams(
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             ignore_eos=request.ignore_eos,
         )
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._queues[request.request_id] = queue
-        finished = False
-        try:
-            self._loop.submit(prompt_ids, params, request.request_id)
-            while True:
-                out = await queue.get()
-                final = out.finished
-                yield StreamEvent(
-                    t_ns=out.t_ns,
-                    num_tokens=len(out.new_token_ids),
-                    text=out.new_text,
-                    finish_reason=out.finish_reason,
-                    usage_prompt_tokens=out.num_prompt_tokens if final else None,
-                    usage_completion_tokens=None,
-                    cached_tokens=out.num_cached_tokens if final else None,
-                )
-                if final:
-                    finished = True
-                    return
-        finally:
-            del self._queues[request.request_id]
-            if not finished and self._loop is not None:
-                self._loop.abort(request.request_id)  # the consumer gave up: free the blocks
+        async for out in self.client.generate(prompt_ids, params, request.request_id):
+            final = out.finished
+            yield StreamEvent(
+                t_ns=out.t_ns,
+                num_tokens=len(out.new_token_ids),
+                text=out.new_text,
+                finish_reason=out.finish_reason,
+                usage_prompt_tokens=out.num_prompt_tokens if final else None,
+                usage_completion_tokens=None,
+                cached_tokens=out.num_cached_tokens if final else None,
+            )
 
     async def close(self) -> None:
-        if self._loop is not None:
-            self._loop.stop()
-            self._loop = None
+        await self.client.close()
