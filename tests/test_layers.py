@@ -59,7 +59,7 @@ def test_harness_imports_torch_and_engine_only_lazily():
 
 
 def test_reports_never_import_torch_or_the_engine():
-    """Reports render from results files alone, on a laptop without torch (DESIGN.md)."""
+    """Reports render from results files alone, on a laptop without torch."""
     for path in _modules("reports"):
         for name in _imports(ast.parse(path.read_text()), top_level_only=False):
             assert not name.startswith(HEAVY), f"{path.relative_to(ROOT.parent)} imports {name}"

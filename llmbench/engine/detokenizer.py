@@ -78,11 +78,6 @@ class StopStringMatcher:
         self._held = ""  # a suffix of the stream that is a proper prefix of some stop string
         self._is_stopped = False
 
-    @property
-    def is_stopped(self) -> bool:
-        """True once a stop string was found; later pushes emit nothing."""
-        return self._is_stopped
-
     def push(self, text_delta: str) -> tuple[str, bool]:
         """Add newly decoded text; return (text safe to emit now, whether a stop string hit).
 

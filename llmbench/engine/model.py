@@ -179,22 +179,6 @@ class LlamaModel:
             down_proj=Linear.build(w[p + "mlp.down_proj.weight"]),
         )
 
-    def decode_weight_bytes(self) -> int:
-        """Weight bytes one decode step reads: every matrix once, but of an untied embedding
-        table only the one row it gathers, unless that table is itself the lm_head's weight."""
-        total = self.norm.numel() * self.norm.element_size() + self.lm_head.num_bytes
-        for layer in self.layers:
-            total += sum(
-                t.numel() * t.element_size() for t in (layer.input_norm, layer.post_attention_norm)
-            )
-            total += sum(
-                lin.num_bytes
-                for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-            )
-        if self.lm_head.weight is not self.embed_tokens:
-            total += self.embed_tokens.shape[1] * self.embed_tokens.element_size()
-        return total
-
     @torch.inference_mode()
     def forward(
         self,

@@ -43,9 +43,5 @@ class Sequence:
         return len(self.prompt_ids)
 
     @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
-    @property
     def num_output_tokens(self) -> int:
         return self.num_tokens - self.num_prompt_tokens

@@ -1,9 +1,9 @@
 """Arrival schedules: when each request should be sent, as seconds from the start of the run.
 
-Load is a seeded schedule (STYLE.md rule 8): every function here is a pure function of its
-arguments, with its own `random.Random(seed)`, so the same spec and seed give the same offsets on
-any machine. The driver turns offsets into absolute send times and measures how late it was
-(FIELD-NOTES pitfall 4) — it never sleeps "one gap" at a time.
+Load is a seeded schedule: every function here is a pure function of its arguments, with its own
+`random.Random(seed)`, so the same spec and seed give the same offsets on any machine. The driver
+turns offsets into absolute send times and measures how late it was; it never sleeps "one gap" at
+a time, which drifts (a requested 200 QPS becomes 183).
 
 The first request of every generated schedule is at offset 0.0; n requests span n − 1 gaps.
 """

@@ -78,7 +78,7 @@ def test_stop_string_split_across_two_deltas() -> None:
     matcher = StopStringMatcher(["###"])
     assert matcher.push("Hello #") == ("Hello ", False)
     assert matcher.push("## world") == ("", True)
-    assert matcher.is_stopped
+    assert matcher.push("more") == ("", True)  # stopped: nothing more is emitted
 
 
 def test_stop_string_split_across_three_deltas_with_text_before_it() -> None:
