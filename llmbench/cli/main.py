@@ -13,6 +13,10 @@ from llmbench.cli.run import export, report, run
 from llmbench.cli.serve import serve
 from llmbench.errors import UserError
 
+# What `pip install 'llmbench[engine]'` adds: report, compare, roofline and runs against a
+# server work without it.
+ENGINE_EXTRA = ("torch",)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="llmbench")
@@ -30,6 +34,15 @@ def main() -> None:
         cli(standalone_mode=False)
     except UserError as e:
         click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except ModuleNotFoundError as e:
+        if e.name not in ENGINE_EXTRA:
+            raise
+        click.echo(
+            f"error: this command runs the built-in engine, which needs {e.name}: "
+            "pip install 'llmbench[engine]'",
+            err=True,
+        )
         sys.exit(2)
     except click.ClickException as e:
         e.show()

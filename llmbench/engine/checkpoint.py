@@ -9,13 +9,14 @@ needs no 140 GB of memory), and loads them on demand as HF-named tensors in the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from llmbench.engine.config import ModelConfig
 from llmbench.engine.tokenizer import Tokenizer
 from llmbench.errors import UserError
+
+if TYPE_CHECKING:  # torch is the engine extra: describing a model needs none
+    import torch
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from llmbench.engine.runner import ModelRunner
 from llmbench.engine.sampling import SamplingParams, check_stop, make_generator
 from llmbench.engine.scheduler import Scheduler, SchedulerConfig
 from llmbench.engine.sequence import Sequence
-from llmbench.engine.weights import open_weights, parse_dtype
+from llmbench.engine.weights import open_weights
 from llmbench.errors import UserError
 
 _DEFAULT_CPU_KV_BYTES = 2 * 1024**3
@@ -59,6 +59,15 @@ class EngineConfig:
             raise UserError("engine: max_num_batched_tokens and max_num_seqs must be > 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"engine: device must be auto, cpu or cuda, got '{self.device}'")
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise UserError(f"dtype '{name}': unsupported; use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -162,6 +171,13 @@ class LLMEngine:
                 f"request: needs {blocks_needed} KV blocks, the cache has "
                 f"{self.blocks.num_blocks}; raise kv_cache_memory or shorten the request"
             )
+        vocab_size = self.model_config.vocab_size
+        biased_ids = [token_id for token_id, _ in params.logit_bias if token_id >= vocab_size]
+        if biased_ids:
+            raise UserError(
+                f"request: logit_bias token id {biased_ids[0]} is outside the vocabulary "
+                f"[0, {vocab_size})"
+            )
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
         if request_id in self._sequences:
@@ -234,6 +250,8 @@ class LLMEngine:
             num_decode_seqs += (
                 item.num_new_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
             )
+            if not seq.first_scheduled_ns:
+                seq.first_scheduled_ns = t_start
             needs_token = item.needs_logits  # read before the counter moves
             seq.num_computed_tokens += item.num_new_tokens
             self.blocks.cache_full_blocks(
@@ -288,6 +306,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
+            first_scheduled_ns=seq.first_scheduled_ns,
         )
 
     # -- convenience ----------------------------------------------------------------------

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
-import torch
 
 from llmbench.engine.checkpoint import TensorInfo
 from llmbench.engine.config import ModelConfig, RopeScaling
 from llmbench.engine.tokenizer import Tokenizer
 from llmbench.errors import UserError
+
+if TYPE_CHECKING:  # torch is the engine extra: describing a model needs none
+    import torch
 
 # general.architecture -> (Q/K rows permuted by llama.cpp, q/k/v carry a bias).
 # Mistral-7B-style models are stored as "llama" by llama.cpp.
@@ -250,6 +252,8 @@ class GGUFSource:
 
     def load(self, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
         """Every weight dequantized once, HF-named, [out, in], in `dtype` on `device`."""
+        import torch
+
         for t in self._reader.tensors:  # refuse before spending time on the others
             if t.tensor_type not in _DEQUANTIZABLE:
                 supported = ", ".join(sorted(q.name for q in _DEQUANTIZABLE))

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 from llmbench.engine.checkpoint import TensorInfo
 from llmbench.engine.config import ModelConfig, config_from_hf
 from llmbench.engine.tokenizer import Tokenizer
 from llmbench.errors import UserError
+
+if TYPE_CHECKING:  # torch is the engine extra: describing a model needs none
+    import torch
 
 _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I8": 1, "U8": 1}
 
@@ -65,6 +68,7 @@ class HFFolderSource:
         return infos
 
     def load(self, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+
         tensors = {}
         for shard in self._shards:
             with self._open(shard) as f:

@@ -6,12 +6,15 @@ throughput or roofline benchmark needs.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from llmbench.engine.checkpoint import TensorInfo, expected_tensors
 from llmbench.engine.presets import PRESETS
 from llmbench.engine.tokenizer import Tokenizer
 from llmbench.errors import UserError
+
+if TYPE_CHECKING:  # torch is the engine extra: describing a model needs none
+    import torch
 
 # Released checkpoints of these models are stored in bfloat16; `inspect` reports that size.
 _STORED_DTYPE, _STORED_BYTES = "bfloat16", 2
@@ -38,6 +41,8 @@ class SyntheticSource:
         return infos
 
     def load(self, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+        import torch
+
         generator = torch.Generator(device="cpu").manual_seed(self._seed)
         tensors = {}
         for name, shape in expected_tensors(self.config).items():

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from llmbench.engine.checkpoint import WeightSource
 from llmbench.errors import UserError
 
@@ -43,12 +41,3 @@ def _open_path(path: Path) -> WeightSource:
 
         return GGUFSource(path)
     raise UserError(f"model '{path}': not a folder or a .gguf file; give an HF folder or a GGUF")
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise UserError(f"dtype '{name}': unsupported; use one of {', '.join(DTYPES)}")
-    return DTYPES[name]
