@@ -1,7 +1,7 @@
 """Latency and throughput metrics: small pure functions over `RequestRecord`s.
 
 Every clock is an integer `time.perf_counter_ns()`; every result carries its unit in its name.
-One name means one number (FIELD-NOTES.md "One name, one number"):
+One name means one number, whatever other tools call it:
 
 - `ttft_ms`  first output token − *scheduled* send (coordinated-omission safe);
 - `tpot_ms`  per request, (t_last − t_first) / (n_out − 1);
@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
+
+import numpy as np
 
 from llmbench.errors import UserError
 from llmbench.harness.records import RequestRecord
@@ -114,7 +116,8 @@ def e2e_from_send_ms(r: RequestRecord) -> float | None:
 
 
 def queue_ms(r: RequestRecord) -> float:
-    """The driver's own lag: how late it sent the request (FIELD-NOTES pitfall 4).
+    """The driver's own lag: how late it sent the request (a client that cannot keep up shows
+    here, not as a slow server).
 
     Formula: (sent_ns − scheduled_ns) / 1e6.
     """
@@ -129,7 +132,8 @@ def _worst_itl_ms(r: RequestRecord) -> float | None:
     return max(itl_samples_ms(r), default=None)
 
 
-# The per-request numbers an SLO may limit: "this request's value <= limit".
+# The one SLO table: the per-request numbers an SLO may limit ("this request's value <= limit").
+# A spec's `slo:` accepts exactly these names, and each has a distribution in `summarize`.
 SLO_METRICS = {
     "ttft_ms": ttft_ms,
     "ttft_from_send_ms": ttft_from_send_ms,
@@ -171,22 +175,15 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     """The q-th percentile (0 ≤ q ≤ 100), interpolating linearly between the closest ranks.
 
     Formula: with x sorted and h = (n − 1) · q / 100, x[⌊h⌋] + (h − ⌊h⌋) · (x[⌊h⌋+1] − x[⌊h⌋]);
-    numpy.percentile's default method ('linear'). None for no values.
+    computed by numpy.percentile(x, q, method="linear") (numpy's default, Hyndman & Fan type 7).
+    None for no values.
     """
     if not 0 <= q <= 100:
         raise ValueError(f"percentile q must be in [0, 100], got {q}")
-    xs = sorted(values)
-    if not xs:
+    xs = np.fromiter(values, dtype=np.float64)
+    if xs.size == 0:
         return None
-    h = q / 100 * (len(xs) - 1)
-    lo = math.floor(h)
-    hi = min(lo + 1, len(xs) - 1)
-    frac = h - lo
-    a, b = xs[lo], xs[hi]
-    # Interpolate from the nearer end, as numpy does, so q=100 gives max exactly.
-    if frac >= 0.5:
-        return float(b - (b - a) * (1 - frac))
-    return float(a + (b - a) * frac)
+    return float(np.percentile(xs, q, method="linear"))
 
 
 def distribution(values: Iterable[float]) -> dict[str, float | int | None]:

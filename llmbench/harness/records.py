@@ -1,4 +1,4 @@
-"""The hand-offs between driver, backends and metrics (DESIGN.md: one contract per boundary).
+"""The hand-offs between driver, backends and metrics: one contract per boundary.
 
 All times are `time.perf_counter_ns()` integers of the process that runs the driver.
 """
@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+# A chat message as the OpenAI API shapes it: {"role": ..., "content": ...}; an assistant message
+# that calls tools has "tool_calls" (and content None when it said nothing), a tool result is
+# {"role": "tool", "tool_call_id": ..., "content": ...}.
+Message = dict[str, Any]
+# An OpenAI function definition:
+# {"type": "function", "function": {"name": ..., "description": ..., "parameters": JSON schema}}.
+Tool = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -15,12 +23,17 @@ class GenerationRequest:
     """One model call, as the driver asks a backend for it."""
 
     request_id: str
-    messages: tuple[dict[str, str], ...]  # chat turns so far: {"role": ..., "content": ...}
+    messages: tuple[Message, ...]  # the conversation so far, system message first
     max_tokens: int
     temperature: float = 0.0
     ignore_eos: bool = False
     use_chat: bool = True  # False: send the rendered prompt text to /v1/completions
     prompt_text: str | None = None  # the rendered prompt, for completion-style backends
+    # The rendered prompt's ids under the model's tokenizer, tools included; taken by the driver
+    # before the request is scheduled, so a backend that needs ids need not tokenize after the
+    # send. None when the caller did not tokenize.
+    prompt_ids: tuple[int, ...] | None = None
+    tools: tuple[Tool, ...] | None = None  # sent as the request's `tools`; None: no tools
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """`RunSpec`: one YAML file says everything a run needs, checked strictly on the way in.
 
 Unknown keys, wrong types and impossible values are refused with the file, the key path and the
-line: `workloads/x.yaml:12: load.rate_per_s: must be > 0, got -1`. `--set key.path=value`
-overrides go through the same checks.
+line: `workloads/x.yaml:12: load.rate_per_s: must be > 0, got -1`. Each workload kind and load
+mode is its own dataclass, chosen by `kind`, so a key of another kind is refused too:
+`x.yaml:9: workload.zipf_s: not a field of chat workloads (it belongs to rag workloads)`.
+`--set key.path=value` overrides go through the same checks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import yaml
 
 from llmbench.errors import UserError
 from llmbench.harness.hardware import HARDWARE, datasheet
+from llmbench.harness.metrics import SLO_METRICS
 
 
 @dataclass(frozen=True)
@@ -85,35 +88,101 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
-class WorkloadSpec:
-    kind: Literal["chat", "rag", "agentic"] = "chat"
-    sessions: int = 8
+class _Workload:
+    """The fields every workload kind has; each kind below adds its own."""
+
+    kind: str
+    sessions: int = 8  # conversations, queries or agent tasks
     system_prompt_tokens: int = 200  # shared by every session
-    turns: Dist = field(default_factory=lambda: fixed(3))  # chat: user turns per session
-    user_tokens: Dist = field(default_factory=lambda: fixed(64))
-    output_tokens: Dist = field(default_factory=lambda: fixed(64))
-    think_time_s: Dist = field(default_factory=lambda: fixed(0.0))  # chat: between turns
-    # rag
+    user_tokens: Dist = field(default_factory=lambda: fixed(64))  # user message / question / task
+    output_tokens: Dist = field(default_factory=lambda: fixed(64))  # max_tokens of each reply
+
+
+@dataclass(frozen=True)
+class ChatWorkload(_Workload):
+    """Multi-turn conversations: user turns after a think time, the model's replies fed back."""
+
+    kind: Literal["chat"] = "chat"
+    turns: Dist = field(default_factory=lambda: fixed(3))  # user turns per session
+    think_time_s: Dist = field(default_factory=lambda: fixed(0.0))  # before each later turn
+
+
+@dataclass(frozen=True)
+class RagWorkload(_Workload):
+    """One question per session over documents drawn from a shared corpus by popularity."""
+
+    kind: Literal["rag"] = "rag"
     num_documents: int = 50  # corpus size
     docs_per_query: int = 3
     document_tokens: Dist = field(default_factory=lambda: fixed(300))
     zipf_s: float = 1.1  # popularity skew of the corpus
-    # agentic
-    tool_schema_tokens: int = 600  # shared, after the system prompt
+
+
+@dataclass(frozen=True)
+class AgenticWorkload(_Workload):
+    """Tool loops: task → (reasoning step, tool result) × tool_steps → final answer."""
+
+    kind: Literal["agentic"] = "agentic"
+    tool_schema_tokens: int = 600  # shared by every session
     tool_steps: Dist = field(default_factory=lambda: fixed(3))  # tool calls before the answer
     tool_result_tokens: Dist = field(default_factory=lambda: fixed(300))
     tool_latency_s: Dist = field(default_factory=lambda: fixed(0.2))
     final_output_tokens: Dist = field(default_factory=lambda: fixed(64))
+    # text: schemas in the system prompt, results as user messages; api: schemas in the
+    # request's `tools`, calls as assistant `tool_calls`, results as `tool` messages.
+    tools_as: Literal["text", "api"] = "text"
+
+
+WorkloadSpec = ChatWorkload | RagWorkload | AgenticWorkload
 
 
 @dataclass(frozen=True)
-class LoadSpec:
-    kind: Literal["concurrency", "constant", "poisson", "gamma", "trace"] = "concurrency"
-    concurrency: int = 4  # sessions in flight (closed loop)
-    rate_per_s: float | None = None  # sessions started per second (open loop)
-    burstiness: float = 1.0  # gamma shape; 1 = Poisson
-    trace: str | None = None  # JSONL with a `timestamp` per session start
-    sweep: tuple[float, ...] | None = None  # concurrencies or rates: one result per point
+class ConcurrencyLoad:
+    """Closed loop: `concurrency` sessions in flight; the next starts when one ends."""
+
+    kind: Literal["concurrency"] = "concurrency"
+    concurrency: int = 4
+    sweep: tuple[float, ...] | None = None  # concurrencies: one result per point
+
+
+@dataclass(frozen=True)
+class RateLoad:
+    """Open loop: sessions start at `rate_per_s`, evenly spaced or as a Poisson process."""
+
+    kind: Literal["constant", "poisson"] = "poisson"
+    rate_per_s: float | None = None  # required unless `sweep` gives the rates
+    sweep: tuple[float, ...] | None = None  # rates: one result per point
+
+
+@dataclass(frozen=True)
+class GammaLoad:
+    """Open loop with gamma-distributed gaps between session starts (shape = burstiness)."""
+
+    kind: Literal["gamma"] = "gamma"
+    rate_per_s: float | None = None  # required unless `sweep` gives the rates
+    burstiness: float = 1.0  # gamma shape; 1 = Poisson, < 1 burstier
+    sweep: tuple[float, ...] | None = None  # rates: one result per point
+
+
+@dataclass(frozen=True)
+class TraceLoad:
+    """Open loop replaying the session start times of a JSONL file (`timestamp` per line)."""
+
+    kind: Literal["trace"] = "trace"
+    trace: str | None = None  # required
+
+    @property
+    def rate_per_s(self) -> None:
+        """A trace's sessions start at the file's times: it has no rate."""
+        return None
+
+    @property
+    def sweep(self) -> None:
+        """A trace replays one schedule: it has no sweep."""
+        return None
+
+
+LoadSpec = ConcurrencyLoad | RateLoad | GammaLoad | TraceLoad
 
 
 @dataclass(frozen=True)
@@ -125,10 +194,10 @@ class RunSpec:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: BackendSpec = field(default_factory=BackendSpec)
     engine: EngineSpec = field(default_factory=EngineSpec)
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    load: LoadSpec = field(default_factory=LoadSpec)
+    workload: WorkloadSpec = field(default_factory=ChatWorkload)
+    load: LoadSpec = field(default_factory=ConcurrencyLoad)
     warmup_requests: int = 1
-    slo: dict[str, float] = field(default_factory=dict)  # e.g. ttft_ms: 2000, tpot_ms: 200
+    slo: dict[str, float] = field(default_factory=dict)  # metrics.SLO_METRICS name → limit (ms)
     temperature: float = 0.0
     ignore_eos: bool = True  # lengths follow the spec, not the model's whims
     output_dir: str = "runs"
@@ -140,9 +209,6 @@ class RunSpec:
         """sha256 of the canonical JSON of the spec: same spec, same hash."""
         text = json.dumps(self.to_dict(), sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
 class SpecError(UserError):
@@ -239,12 +305,53 @@ def _build(cls: type, data: Any, path: str) -> Any:
     return cls(**kwargs)
 
 
+def _kinds(options: tuple[Any, ...]) -> dict[str, type] | None:
+    """kind value → class, when `options` are dataclasses told apart by a literal `kind` field
+    (the workload kinds, the load modes); None for any other union."""
+    kinds: dict[str, type] = {}
+    for option in options:
+        if not dataclasses.is_dataclass(option) or "kind" not in {
+            f.name for f in dataclasses.fields(option)
+        }:
+            return None
+        for kind in typing.get_args(typing.get_type_hints(option)["kind"]):
+            kinds[kind] = option
+    return kinds
+
+
+def _build_kind(kinds: dict[str, type], data: Any, path: str) -> Any:
+    """The class chosen by `data["kind"]` (default: the first kind), built strictly: a key of
+    another kind is named as such (`workload.zipf_s: not a field of chat workloads`)."""
+    if not isinstance(data, dict):
+        raise SpecError(path, f"must be a mapping, got {type(data).__name__}")
+    default = next(iter(kinds.values()))().kind
+    kind = data.get("kind", default)
+    if kind not in kinds:
+        raise SpecError(f"{path}.kind", f"must be one of {', '.join(kinds)}, got {kind!r}")
+    cls = kinds[kind]
+    own = {f.name for f in dataclasses.fields(cls)}
+    noun = path.rpartition(".")[2] + "s"  # "workloads", "loads"
+    for key in data:
+        if key in own:
+            continue
+        owners = [k for k, c in kinds.items() if key in {f.name for f in dataclasses.fields(c)}]
+        if owners:
+            raise SpecError(
+                f"{path}.{key}",
+                f"not a field of {kind} {noun} (it belongs to {', '.join(owners)} {noun})",
+            )
+    return _build(cls, data, path)
+
+
 def _convert(tp: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:
             return None
+        kinds = _kinds(options)
+        if kinds is not None:
+            return _build_kind(kinds, value, path)
         errors = []
         for option in options:
             if option is type(None):
@@ -294,54 +401,23 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
 
 def _check(spec: RunSpec) -> None:
     """Values that are well-typed but impossible."""
-    w, load, eng = spec.workload, spec.load, spec.engine
-    positive = {
-        "workload.sessions": w.sessions,
+    _check_workload(spec.workload)
+    _check_load(spec.load)
+    eng = spec.engine
+    for path, value in {
         "engine.block_size": eng.block_size,
         "engine.max_num_batched_tokens": eng.max_num_batched_tokens,
         "engine.max_num_seqs": eng.max_num_seqs,
-        "load.concurrency": load.concurrency,
-        "workload.docs_per_query": w.docs_per_query,
-        "workload.num_documents": w.num_documents,
-        "workload.zipf_s": w.zipf_s,
         "backend.timeout_s": spec.backend.timeout_s,
-    }
-    for path, value in positive.items():
+    }.items():
         if value <= 0:
             raise SpecError(path, f"must be > 0, got {value}")
     for path, value in {
-        "workload.system_prompt_tokens": w.system_prompt_tokens,
-        "workload.tool_schema_tokens": w.tool_schema_tokens,
         "warmup_requests": spec.warmup_requests,
         "temperature": spec.temperature,
     }.items():
         if value < 0:
             raise SpecError(path, f"must be >= 0, got {value}")
-    for name in (
-        "turns",
-        "user_tokens",
-        "output_tokens",
-        "think_time_s",
-        "document_tokens",
-        "tool_steps",
-        "tool_result_tokens",
-        "tool_latency_s",
-        "final_output_tokens",
-    ):
-        getattr(w, name).check(f"workload.{name}")
-    if w.docs_per_query > w.num_documents:
-        raise SpecError("workload.docs_per_query", f"must be <= num_documents ({w.num_documents})")
-    if load.kind in ("constant", "poisson", "gamma"):
-        if load.rate_per_s is None and not load.sweep:
-            raise SpecError("load.rate_per_s", f"required for load kind '{load.kind}'")
-        if load.rate_per_s is not None and load.rate_per_s <= 0:
-            raise SpecError("load.rate_per_s", f"must be > 0, got {load.rate_per_s}")
-    if load.burstiness <= 0:
-        raise SpecError("load.burstiness", f"must be > 0, got {load.burstiness}")
-    if load.kind == "trace" and not load.trace:
-        raise SpecError("load.trace", "required for load kind 'trace'")
-    if load.sweep is not None and (not load.sweep or any(v <= 0 for v in load.sweep)):
-        raise SpecError("load.sweep", "must be a non-empty list of values > 0")
     if spec.backend.kind == "openai" and not spec.backend.url:
         raise SpecError("backend.url", "required for backend kind 'openai'")
     hardware = spec.backend.hardware
@@ -349,7 +425,46 @@ def _check(spec: RunSpec) -> None:
         known = ", ".join(HARDWARE)
         raise SpecError("backend.hardware", f"unknown '{hardware}'; use measured or one of {known}")
     for key, limit in spec.slo.items():
-        if key not in SLO_KEYS:
-            raise SpecError(f"slo.{key}", f"unknown SLO; use {', '.join(SLO_KEYS)}")
+        if key not in SLO_METRICS:
+            raise SpecError(f"slo.{key}", f"unknown SLO; use {', '.join(SLO_METRICS)}")
         if limit <= 0:
             raise SpecError(f"slo.{key}", f"must be > 0, got {limit}")
+
+
+def _check_workload(w: WorkloadSpec) -> None:
+    if w.sessions <= 0:
+        raise SpecError("workload.sessions", f"must be > 0, got {w.sessions}")
+    if w.system_prompt_tokens < 0:
+        raise SpecError(
+            "workload.system_prompt_tokens", f"must be >= 0, got {w.system_prompt_tokens}"
+        )
+    for f in dataclasses.fields(w):
+        value = getattr(w, f.name)
+        if isinstance(value, Dist):
+            value.check(f"workload.{f.name}")
+    if isinstance(w, RagWorkload):
+        for name in ("num_documents", "docs_per_query", "zipf_s"):
+            if getattr(w, name) <= 0:
+                raise SpecError(f"workload.{name}", f"must be > 0, got {getattr(w, name)}")
+        if w.docs_per_query > w.num_documents:
+            raise SpecError(
+                "workload.docs_per_query", f"must be <= num_documents ({w.num_documents})"
+            )
+    if isinstance(w, AgenticWorkload) and w.tool_schema_tokens < 0:
+        raise SpecError("workload.tool_schema_tokens", f"must be >= 0, got {w.tool_schema_tokens}")
+
+
+def _check_load(load: LoadSpec) -> None:
+    if isinstance(load, ConcurrencyLoad) and load.concurrency <= 0:
+        raise SpecError("load.concurrency", f"must be > 0, got {load.concurrency}")
+    if isinstance(load, (RateLoad, GammaLoad)):
+        if load.rate_per_s is None and not load.sweep:
+            raise SpecError("load.rate_per_s", f"required for load kind '{load.kind}'")
+        if load.rate_per_s is not None and load.rate_per_s <= 0:
+            raise SpecError("load.rate_per_s", f"must be > 0, got {load.rate_per_s}")
+    if isinstance(load, GammaLoad) and load.burstiness <= 0:
+        raise SpecError("load.burstiness", f"must be > 0, got {load.burstiness}")
+    if isinstance(load, TraceLoad) and not load.trace:
+        raise SpecError("load.trace", "required for load kind 'trace'")
+    if load.sweep is not None and (not load.sweep or any(v <= 0 for v in load.sweep)):
+        raise SpecError("load.sweep", "must be a non-empty list of values > 0")

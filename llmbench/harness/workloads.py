@@ -1,22 +1,26 @@
 """Chat, RAG and agentic sessions: a pure function of the workload spec, the seed and a tokenizer.
 
-A session is a system prompt and a list of turns. The driver sends turn k with every earlier
-turn and the model's *real* replies in the history (multi-turn that is real, FIELD-NOTES pitfall
-7). Text is real words with an exact token count that survives decode → encode (pitfall 3), and
-only what the workload means to share is shared: the system prompt, tool schemas, and popular
-RAG documents; everything else differs per session and per seed (pitfall 6).
+A session is a system prompt (plus, for `tools_as: api`, tool definitions) and a list of turns.
+The driver sends turn k with every earlier turn and the model's *real* replies in the history, so
+the context is the one a real conversation builds, not a pre-baked one. Text is real words with
+an exact token count that survives decode → encode (a client and a server that re-tokenize
+agree), and only what the workload means to share is shared: the system prompt, tool schemas,
+and popular RAG documents; everything else differs per session and per seed, so no prefix-cache
+hit comes from an accident.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmbench.errors import UserError
-from llmbench.harness.spec import Dist, WorkloadSpec
+from llmbench.harness.records import Tool
+from llmbench.harness.spec import AgenticWorkload, ChatWorkload, Dist, RagWorkload, WorkloadSpec
 
 _WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at which "
@@ -112,13 +116,32 @@ def draw_count(dist: Dist, rng: random.Random) -> int:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """The tool call the workload puts in the model's previous reply (`tools_as: api`)."""
+
+    call_id: str
+    name: str  # one of the session's tools
+    arguments: str  # a JSON object, as the API carries it: a string
+
+    def as_api(self) -> dict:
+        """The entry of an assistant message's `tool_calls`."""
+        return {
+            "id": self.call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
 class Turn:
     """One model call of a session."""
 
-    content: str  # the new user (or tool-result) message
+    content: str  # the new user message, or the tool's result
     max_tokens: int
     delay_s: float  # think time or tool latency before it is sent (0 for the first turn)
     is_tool_result: bool = False
+    # `tools_as: api`: the call the previous reply made; `content` goes back as a `tool` message.
+    tool_call: ToolCall | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +149,7 @@ class Session:
     session_id: str
     system_prompt: str
     turns: tuple[Turn, ...]
+    tools: tuple[Tool, ...] | None = None  # `tools_as: api`: sent with every request
 
 
 def build_sessions(spec: WorkloadSpec, seed: int, tokens: Tokens, salt: str = "") -> list[Session]:
@@ -136,10 +160,14 @@ def build_sessions(spec: WorkloadSpec, seed: int, tokens: Tokens, salt: str = ""
     """
     shared = random.Random(f"{seed}:shared")
     system = tokens.text(spec.system_prompt_tokens, shared)
-    if spec.kind == "agentic":
-        system = system + "\n\nTools:\n" + tokens.text(spec.tool_schema_tokens, shared)
+    tools = None
+    if isinstance(spec, AgenticWorkload):
+        if spec.tools_as == "text":
+            system = system + "\n\nTools:\n" + tokens.text(spec.tool_schema_tokens, shared)
+        elif spec.tool_schema_tokens > 0:
+            tools = tool_schemas(spec.tool_schema_tokens, shared, tokens)
     corpus = []
-    if spec.kind == "rag":
+    if isinstance(spec, RagWorkload):
         corpus = [
             tokens.text(draw_count(spec.document_tokens, shared), shared)
             for _ in range(spec.num_documents)
@@ -147,17 +175,76 @@ def build_sessions(spec: WorkloadSpec, seed: int, tokens: Tokens, salt: str = ""
     sessions = []
     for index in range(spec.sessions):
         rng = random.Random(f"{seed}:{salt}:session:{index}")
-        if spec.kind == "chat":
+        if isinstance(spec, ChatWorkload):
             turns = _chat_turns(spec, rng, tokens)
-        elif spec.kind == "rag":
+        elif isinstance(spec, RagWorkload):
             turns = _rag_turns(spec, rng, tokens, corpus)
         else:
-            turns = _agentic_turns(spec, rng, tokens)
-        sessions.append(Session(f"{salt}s{index}", system, tuple(turns)))
+            turns = _agentic_turns(spec, rng, tokens, tools)
+        sessions.append(Session(f"{salt}s{index}", system, tuple(turns), tools))
     return sessions
 
 
-def _chat_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens) -> list[Turn]:
+_TOKENS_PER_TOOL = 150  # a typical function definition: a name, a sentence or two, a parameter
+_QUERY_TOKENS = 8  # the `query` argument of each tool call
+
+
+def tool_schemas(num_tokens: int, rng: random.Random, tokens: Tokens) -> tuple[Tool, ...]:
+    """OpenAI function definitions whose JSON text is about `num_tokens` tokens long.
+
+    Each is `{"type": "function", "function": {"name", "description", "parameters"}}` with one
+    required string parameter, `query`. One tool per ~150 tokens, fewer when the JSON skeleton of
+    a tool alone (~65 tokens with a BPE vocabulary, ~200 with a byte-level one) would not fit;
+    the descriptions share what the skeletons leave, and the last one is resized until
+    `json.dumps(tools)` counts within a token of `num_tokens` (a tokenizer may merge a
+    description's edge with the quote beside it). A budget below one skeleton gives one tool with
+    a one-token description. A chat template wraps the definitions in text of its own, which the
+    prompt counts on top.
+    """
+
+    def tool(name: str, description: str, query_doc: str) -> Tool:
+        return {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"query": {"type": "string", "description": query_doc}},
+                    "required": ["query"],
+                },
+            },
+        }
+
+    def count(tools: list[Tool]) -> int:
+        return tokens.count(json.dumps(tools))
+
+    def name(i: int) -> str:
+        return f"{rng.choice(_WORDS)}_{rng.choice(_WORDS)}_{i}"
+
+    names, query_docs = [name(0)], [tokens.text(6, rng)]
+    skeleton = count([tool(names[0], "", query_docs[0])])
+    num_tools = max(1, min(round(num_tokens / _TOKENS_PER_TOOL), num_tokens // (skeleton + 1)))
+    for i in range(1, num_tools):
+        names.append(name(i))
+        query_docs.append(tokens.text(6, rng))
+
+    def schemas(descriptions: list[str]) -> list[Tool]:
+        return [tool(*t) for t in zip(names, descriptions, query_docs, strict=True)]
+
+    left = max(num_tools, num_tokens - count(schemas([""] * num_tools)))
+    sizes = [left // num_tools + (i < left % num_tools) for i in range(num_tools)]
+    descriptions = [tokens.text(n, rng) for n in sizes]
+    for _ in range(4):  # each pass corrects by the last miss; one or two passes settle it
+        miss = num_tokens - count(schemas(descriptions))
+        if abs(miss) <= 1 or sizes[-1] + miss < 1:
+            break
+        sizes[-1] += miss
+        descriptions[-1] = tokens.text(sizes[-1], rng)
+    return tuple(schemas(descriptions))
+
+
+def _chat_turns(spec: ChatWorkload, rng: random.Random, tokens: Tokens) -> list[Turn]:
     turns = []
     for k in range(draw_count(spec.turns, rng)):
         delay = draw(spec.think_time_s, rng) if k else 0.0
@@ -171,7 +258,9 @@ def _chat_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens) -> list[
     return turns
 
 
-def _rag_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens, corpus: list[str]):
+def _rag_turns(
+    spec: RagWorkload, rng: random.Random, tokens: Tokens, corpus: list[str]
+) -> list[Turn]:
     # Zipf popularity: document i is picked with weight 1 / (i + 1)^s.
     weights = [1.0 / (i + 1) ** spec.zipf_s for i in range(len(corpus))]
     chosen: list[int] = []
@@ -185,7 +274,11 @@ def _rag_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens, corpus: l
     return [Turn(content, draw_count(spec.output_tokens, rng), 0.0)]
 
 
-def _agentic_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens) -> list[Turn]:
+def _agentic_turns(
+    spec: AgenticWorkload, rng: random.Random, tokens: Tokens, tools: tuple[Tool, ...] | None
+) -> list[Turn]:
+    """The task, then one turn per tool step: the tool's result, after the tool's latency. With
+    `tools` (`tools_as: api`) each step also names the call the previous reply made."""
     task = tokens.text(draw_count(spec.user_tokens, rng), rng)
     turns = [Turn(task, draw_count(spec.output_tokens, rng), 0.0)]
     num_steps = round(draw(spec.tool_steps, rng))
@@ -193,14 +286,16 @@ def _agentic_turns(spec: WorkloadSpec, rng: random.Random, tokens: Tokens) -> li
         result = tokens.text(draw_count(spec.tool_result_tokens, rng), rng)
         is_last = step == num_steps - 1
         max_tokens = draw_count(spec.final_output_tokens if is_last else spec.output_tokens, rng)
-        turns.append(
-            Turn(
-                f"Tool result:\n{result}",
-                max_tokens,
-                draw(spec.tool_latency_s, rng),
-                is_tool_result=True,
-            )
+        delay_s = draw(spec.tool_latency_s, rng)
+        if tools is None:
+            turns.append(Turn(f"Tool result:\n{result}", max_tokens, delay_s, is_tool_result=True))
+            continue
+        call = ToolCall(
+            call_id=f"call_{rng.getrandbits(48):012x}",
+            name=rng.choice(tools)["function"]["name"],
+            arguments=json.dumps({"query": tokens.text(_QUERY_TOKENS, rng)}),
         )
+        turns.append(Turn(result, max_tokens, delay_s, is_tool_result=True, tool_call=call))
     return turns
 
 
@@ -209,8 +304,13 @@ def sessions_hash(sessions: list[Session]) -> str:
     digest = hashlib.sha256()
     for s in sessions:
         digest.update(f"{s.session_id}\0{s.system_prompt}\0".encode())
+        if s.tools is not None:
+            digest.update(json.dumps(s.tools, sort_keys=True).encode())
         for t in s.turns:
             digest.update(
                 f"{t.content}\0{t.max_tokens}\0{t.delay_s}\0{t.is_tool_result}\0".encode()
             )
+            if t.tool_call is not None:
+                call = t.tool_call
+                digest.update(f"{call.call_id}\0{call.name}\0{call.arguments}\0".encode())
     return digest.hexdigest()[:16]

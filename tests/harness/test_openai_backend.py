@@ -131,6 +131,23 @@ def test_reasoning_deltas_are_tokens_but_not_reply_text(field):
     assert [e.num_tokens for e in parse(stream)] == [1, 1, 0]
 
 
+def test_streamed_tool_call_pieces_are_tokens_but_not_reply_text():
+    """A tool call streamed as deltas (name first, then argument pieces), as vLLM sends it."""
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "search"}}
+    stream = (
+        delta(role="assistant")
+        + delta(tool_calls=[call])
+        + delta(tool_calls=[{"index": 0, "function": {"arguments": '{"q": '}}])
+        + delta(tool_calls=[{"index": 0, "function": {"arguments": '"a b"}'}}])
+        + FINISH
+        + DONE
+    )
+    events = parse(stream, count_tokens=count_words)
+    # Words: "search" 1; 'search{"q":' still 1 (a piece adding no whole word counts 1); then
+    # '"a' and 'b"}' are 2 more.
+    assert [(e.num_tokens, e.text) for e in events] == [(1, ""), (1, ""), (2, ""), (0, "")]
+
+
 def test_completions_read_choice_text():
     stream = sse({"choices": [{"index": 0, "text": "w0 w1 ", "finish_reason": None}]}) + DONE
     events = parse(stream, use_chat=False, count_tokens=count_words)
@@ -424,3 +441,83 @@ def test_the_model_is_asked_for_and_an_unreachable_server_is_named(start_server)
     url = f"http://127.0.0.1:{port}/v1"
     with pytest.raises(BackendError, match=f"^cannot reach {url}: .*; is the server running\\?$"):
         asyncio.run(start(url))
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "find_river_0",
+        "description": "Find a river.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+    },
+}
+TOOL_CONVERSATION = (
+    {"role": "system", "content": "Use the tools."},
+    {"role": "user", "content": "How long is the Nile?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "find_river_0", "arguments": '{"query": "nile"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "6,650 km"},
+)
+
+
+@pytest.mark.parametrize(("use_chat", "tools"), [(True, (TOOL,)), (True, None), (False, (TOOL,))])
+def test_tools_and_tool_messages_reach_the_server_as_given(use_chat, tools):
+    """Chat: `tools` (when the request has any) and the tool-calling history go in the body
+    unchanged, null content kept. Completions: the client-rendered prompt only, no `tools`."""
+    from aiohttp import web
+
+    bodies: list[dict] = []
+
+    async def completion(request: web.Request) -> web.StreamResponse:
+        bodies.append(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(
+            delta(content="ok") if use_chat else sse({"choices": [{"text": "ok"}]})
+        )
+        await response.write(FINISH + DONE)
+        return response
+
+    async def main() -> RequestRecord:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", completion)
+        app.router.add_post("/v1/completions", completion)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", model="m")
+        await backend.start()
+        try:
+            request = GenerationRequest(
+                "r0",
+                TOOL_CONVERSATION,
+                max_tokens=4,
+                use_chat=use_chat,
+                prompt_text="<rendered with tools>",
+                tools=tools,
+            )
+            return await measure(backend, request)
+        finally:
+            await backend.close()
+            await runner.cleanup()
+
+    record = asyncio.run(main())
+    assert record.ok and record.output_text == "ok"
+    (body,) = bodies
+    if use_chat:
+        assert body["messages"] == list(TOOL_CONVERSATION)
+        assert body.get("tools") == (None if tools is None else [TOOL])
+    else:
+        assert body["prompt"] == "<rendered with tools>"
+        assert "tools" not in body and "messages" not in body

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from llmbench.errors import UserError
-from llmbench.harness.spec import Dist, load_spec
+from llmbench.harness import metrics
+from llmbench.harness.records import RequestRecord
+from llmbench.harness.spec import (
+    AgenticWorkload,
+    ChatWorkload,
+    ConcurrencyLoad,
+    Dist,
+    GammaLoad,
+    RagWorkload,
+    RateLoad,
+    TraceLoad,
+    load_spec,
+)
 
 SHIPPED = Path(__file__).resolve().parents[2] / "workloads"
 
@@ -74,7 +87,11 @@ slo: {ttft_ms: 500}
             "workload:\n  user_tokens: {dist: fixed, value: 5, colour: red}\n",
             "x.yaml:2: workload.user_tokens.colour: unknown key",
         ),
-        ("slo:\n  latency: 5\n", "slo.latency: unknown SLO; use ttft_ms, tpot_ms, itl_ms, e2e_ms"),
+        (
+            "slo:\n  latency: 5\n",
+            "slo.latency: unknown SLO; use ttft_ms, ttft_from_send_ms, tpot_ms, itl_ms, e2e_ms, "
+            "queue_ms",
+        ),
         ("backend:\n  kind: openai\n", "backend.url: required for backend kind 'openai'"),
         (
             "backend:\n  hardware: abacus\n",
@@ -116,3 +133,186 @@ def test_spec_hash_is_stable_and_sensitive(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="cannot read"):
         load_spec(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "workload:\n  kind: chat\n  sessions: 2\n  zipf_s: 1.5\n",
+            "x.yaml:4: workload.zipf_s: not a field of chat workloads (it belongs to rag "
+            "workloads)",
+        ),
+        (
+            "workload:\n  turns: 2\n  tool_steps: 3\n",  # kind defaults to chat
+            "x.yaml:3: workload.tool_steps: not a field of chat workloads (it belongs to agentic",
+        ),
+        (
+            "workload:\n  kind: rag\n  think_time_s: 1\n",
+            "x.yaml:3: workload.think_time_s: not a field of rag workloads (it belongs to chat",
+        ),
+        (
+            "workload:\n  kind: agentic\n  docs_per_query: 2\n",
+            "x.yaml:3: workload.docs_per_query: not a field of agentic workloads",
+        ),
+        (
+            "load:\n  kind: concurrency\n  rate_per_s: 2\n",
+            "x.yaml:3: load.rate_per_s: not a field of concurrency loads (it belongs to constant, "
+            "poisson, gamma loads)",
+        ),
+        (
+            "load:\n  kind: poisson\n  rate_per_s: 2\n  burstiness: 0.5\n",
+            "x.yaml:4: load.burstiness: not a field of poisson loads (it belongs to gamma loads)",
+        ),
+        (
+            "load:\n  kind: constant\n  rate_per_s: 2\n  concurrency: 3\n",
+            "x.yaml:4: load.concurrency: not a field of constant loads",
+        ),
+        (
+            "load:\n  kind: trace\n  trace: t.jsonl\n  sweep: [1, 2]\n",
+            "x.yaml:4: load.sweep: not a field of trace loads (it belongs to concurrency, "
+            "constant,",
+        ),
+        (
+            "load:\n  kind: gamma\n  burstiness: 0.5\n",
+            "load.rate_per_s: required for load kind 'gamma'",
+        ),
+        ("load:\n  kind: gamma\n  rate_per_s: 1\n  burstiness: 0\n", "must be > 0, got 0.0"),
+        ("load:\n  kind: trace\n", "load.trace: required for load kind 'trace'"),
+        ("load:\n  kind: surge\n", "x.yaml:2: load.kind: must be one of concurrency, constant,"),
+        (
+            "workload:\n  kind: chat\n  colour: red\n",
+            "x.yaml:3: workload.colour: unknown key; known keys here: kind, output_tokens, "
+            "sessions, system_prompt_tokens, think_time_s, turns, user_tokens",
+        ),
+        (
+            "workload:\n  kind: agentic\n  tools_as: json\n",
+            "x.yaml:3: workload.tools_as: must be one of text, api, got 'json'",
+        ),
+        ("workload: 3\n", "x.yaml:1: workload: must be a mapping, got int"),
+    ],
+)
+def test_each_kind_takes_only_its_own_keys(tmp_path, text, message):
+    with pytest.raises(UserError) as err:
+        load_spec(write(tmp_path, text))
+    assert str(err.value).startswith(str(tmp_path))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "workload_type", "load_type"),
+    [
+        ("{}", ChatWorkload, ConcurrencyLoad),
+        ("workload: {kind: rag}\nload: {kind: constant, rate_per_s: 1}", RagWorkload, RateLoad),
+        (
+            "workload: {kind: agentic}\nload: {kind: poisson, sweep: [1, 2]}",
+            AgenticWorkload,
+            RateLoad,
+        ),
+        ("load: {kind: gamma, rate_per_s: 1, burstiness: 0.5}", ChatWorkload, GammaLoad),
+        ("load: {kind: trace, trace: t.jsonl}", ChatWorkload, TraceLoad),
+    ],
+)
+def test_kind_chooses_the_dataclass(tmp_path, text, workload_type, load_type):
+    spec = load_spec(write(tmp_path, text))
+    assert type(spec.workload) is workload_type and type(spec.load) is load_type
+
+
+def test_trace_load_has_no_rate_and_no_sweep(tmp_path):
+    load = load_spec(write(tmp_path, "load: {kind: trace, trace: t.jsonl}")).load
+    assert (load.kind, load.trace, load.rate_per_s, load.sweep) == ("trace", "t.jsonl", None, None)
+
+
+def test_override_of_the_kind_is_checked_against_the_file_keys(tmp_path):
+    path = write(tmp_path, "workload:\n  kind: chat\n  turns: 2\n")
+    with pytest.raises(UserError, match=r"x.yaml:3: workload.turns: not a field of rag workloads"):
+        load_spec(path, ["workload.kind=rag"])
+    spec = load_spec(path, ["workload.kind=chat", "workload.think_time_s=0.5"])
+    assert spec.workload.think_time_s == Dist(dist="fixed", value=0.5)
+
+
+def test_to_dict_holds_the_kind_and_its_fields_only(tmp_path):
+    spec = load_spec(write(tmp_path, "workload: {kind: agentic, tools_as: api}\n"))
+    workload = spec.to_dict()["workload"]
+    assert workload["kind"] == "agentic" and workload["tools_as"] == "api"
+    assert set(workload) == {
+        "kind",
+        "sessions",
+        "system_prompt_tokens",
+        "user_tokens",
+        "output_tokens",
+        "tool_schema_tokens",
+        "tool_steps",
+        "tool_result_tokens",
+        "tool_latency_s",
+        "final_output_tokens",
+        "tools_as",
+    }
+    assert spec.to_dict()["load"] == {"kind": "concurrency", "concurrency": 4, "sweep": None}
+    trace = load_spec(write(tmp_path, "load: {kind: trace, trace: t.jsonl}\n"))
+    assert trace.to_dict()["load"] == {"kind": "trace", "trace": "t.jsonl"}
+
+
+def test_replace_keeps_the_kind():
+    workload = replace(RagWorkload(num_documents=9), sessions=2)
+    assert (type(workload), workload.sessions, workload.num_documents) == (RagWorkload, 2, 9)
+    assert AgenticWorkload().tools_as == "text"
+
+
+def test_every_slo_the_spec_accepts_is_computed(tmp_path):
+    """One table: each accepted SLO name limits a per-request value and has a distribution in
+    the summary. A request scheduled at 0, sent at 2 ms, tokens at 10, 30 and 40 ms (gaps 20
+    and 10 ms), ended at 50 ms."""
+    record = RequestRecord(
+        "r", "s", 0, scheduled_ns=0, sent_ns=2_000_000, end_ns=50_000_000,
+        chunk_ns=[10_000_000, 30_000_000, 40_000_000], chunk_tokens=[1, 1, 1],
+    )  # fmt: skip
+    value_ms = {
+        "ttft_ms": 10.0,
+        "ttft_from_send_ms": 8.0,
+        "tpot_ms": 15.0,  # (40 − 10) / 2
+        "itl_ms": 20.0,  # the worst gap
+        "e2e_ms": 50.0,
+        "queue_ms": 2.0,
+    }
+    assert set(value_ms) == set(metrics.SLO_METRICS)
+    summary = metrics.summarize([record])
+    for name, value in value_ms.items():
+        spec = load_spec(write(tmp_path, f"slo: {{{name}: {value}}}\n"))
+        assert spec.slo == {name: value}
+        assert metrics.is_slo_met(record, spec.slo)
+        assert not metrics.is_slo_met(record, {name: value * 0.99})
+        assert summary[name]["count"] >= 1
+
+
+def test_the_field_reference_lists_each_kinds_fields():
+    """workloads/README.md: every workload and load field, with the kinds that take it."""
+    text = (SHIPPED / "README.md").read_text()
+    for section, kinds in (
+        ("`workload`", {"chat": ChatWorkload, "rag": RagWorkload, "agentic": AgenticWorkload}),
+        (
+            "`load`",
+            {
+                "concurrency": ConcurrencyLoad,
+                "constant": RateLoad,
+                "poisson": RateLoad,
+                "gamma": GammaLoad,
+                "trace": TraceLoad,
+            },
+        ),
+    ):
+        table = text.split(f"\n{section}\n", 1)[1].strip().split("\n\n", 1)[0]
+        documented = {}
+        for row in table.splitlines()[2:]:
+            key, _, where = (cell.strip() for cell in row.split("|")[1:4])
+            if where == "all":
+                where = ", ".join(kinds)
+            elif where.startswith("all but "):
+                where = ", ".join(k for k in kinds if k != where.removeprefix("all but "))
+            documented[key.strip("`")] = set(where.split(", "))
+        actual: dict[str, set[str]] = {}
+        for kind, cls in kinds.items():
+            for f in fields(cls):
+                actual.setdefault(f.name, set()).add(kind)
+        assert documented == actual

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
 import pytest
 
 from llmbench.engine.tokenizer import Tokenizer
-from llmbench.harness.spec import Dist, WorkloadSpec
-from llmbench.harness.workloads import Tokens, build_sessions, draw, sessions_hash
+from llmbench.harness.spec import AgenticWorkload, ChatWorkload, Dist, RagWorkload
+from llmbench.harness.workloads import Tokens, build_sessions, draw, sessions_hash, tool_schemas
+
+KINDS = {"chat": ChatWorkload, "rag": RagWorkload, "agentic": AgenticWorkload}
 
 
 @pytest.fixture(scope="module", params=["byte_level", "smollm2"])
@@ -33,17 +36,24 @@ def test_text_has_exact_token_count_stable_under_decode_encode(tokens, num_token
         assert tokens.encode(tokens.decode(ids)) == ids
 
 
-@pytest.mark.parametrize("kind", ["chat", "rag", "agentic"])
-def test_same_spec_and_seed_give_the_same_sessions(tokens, kind):
-    spec = WorkloadSpec(
-        kind=kind,
-        sessions=4,
-        system_prompt_tokens=50,
-        tool_schema_tokens=40,
-        num_documents=10,
-        document_tokens=Dist(dist="fixed", value=30),
-        turns=Dist(dist="uniform", min=1, max=3),
-    )
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ChatWorkload(sessions=4, system_prompt_tokens=50, turns=Dist(dist="uniform", min=1, max=3)),
+        RagWorkload(
+            sessions=4,
+            system_prompt_tokens=50,
+            num_documents=10,
+            document_tokens=Dist(dist="fixed", value=30),
+        ),
+        AgenticWorkload(sessions=4, system_prompt_tokens=50, tool_schema_tokens=40),
+        AgenticWorkload(
+            sessions=4, system_prompt_tokens=50, tool_schema_tokens=200, tools_as="api"
+        ),
+    ],
+    ids=["chat", "rag", "agentic", "agentic-api"],
+)
+def test_same_spec_and_seed_give_the_same_sessions(tokens, spec):
     first = sessions_hash(build_sessions(spec, 7, tokens))
     assert first == sessions_hash(build_sessions(spec, 7, tokens))
     assert first != sessions_hash(build_sessions(spec, 8, tokens))
@@ -51,8 +61,7 @@ def test_same_spec_and_seed_give_the_same_sessions(tokens, kind):
 
 
 def test_agentic_sessions_share_only_the_prefix(tokens):
-    spec = WorkloadSpec(
-        kind="agentic",
+    spec = AgenticWorkload(
         sessions=3,
         system_prompt_tokens=50,
         tool_schema_tokens=40,
@@ -72,8 +81,7 @@ def test_agentic_sessions_share_only_the_prefix(tokens):
 
 
 def test_rag_prefers_popular_documents(tokens):
-    spec = WorkloadSpec(
-        kind="rag",
+    spec = RagWorkload(
         sessions=200,
         system_prompt_tokens=5,
         num_documents=20,
@@ -100,9 +108,71 @@ def test_distributions():
 
 def test_turns_distribution_is_respected(tokens):
     spec = replace(
-        WorkloadSpec(kind="chat", sessions=30, system_prompt_tokens=5),
+        ChatWorkload(sessions=30, system_prompt_tokens=5),
         turns=Dist(dist="uniform", min=1, max=3),
         user_tokens=Dist(dist="fixed", value=4),
     )
     counts = {len(s.turns) for s in build_sessions(spec, 0, tokens)}
     assert counts == {1, 2, 3}
+
+
+def test_text_mode_sessions_are_unchanged():
+    """`tools_as: text` (the default) and the other kinds give exactly the sessions they gave
+    before tools could go through the API (digests taken from that version of this module)."""
+    tok = Tokenizer.byte_level()
+    tokens = Tokens(tok.encode, tok.decode)
+    common = {"sessions": 3, "system_prompt_tokens": 30, "user_tokens": Dist(value=10)}
+    specs = {
+        "b1a1c875c388759e": ChatWorkload(**common),
+        "13f9a7f68bb94613": RagWorkload(**common, num_documents=5, document_tokens=Dist(value=20)),
+        "5deac83757448ae8": AgenticWorkload(**common, tool_schema_tokens=40),
+    }
+    for digest, spec in specs.items():
+        assert sessions_hash(build_sessions(spec, 5, tokens)) == digest
+
+
+def test_api_tools_are_shared_definitions_and_each_step_names_its_call(tokens):
+    spec = AgenticWorkload(
+        sessions=3,
+        system_prompt_tokens=50,
+        tool_schema_tokens=600,
+        tools_as="api",
+        tool_steps=Dist(value=3),
+        tool_result_tokens=Dist(value=25),
+        user_tokens=Dist(value=20),
+        output_tokens=Dist(value=5),
+        final_output_tokens=Dist(value=9),
+    )
+    sessions = build_sessions(spec, 0, tokens)
+    tools = sessions[0].tools
+    assert all(s.tools == tools for s in sessions)  # shared by design, like the system prompt
+    assert tokens.count(sessions[0].system_prompt) == 50  # no schema text in it
+    names = [t["function"]["name"] for t in tools]
+    assert len(set(names)) == len(names) >= 2
+    for tool in tools:
+        assert tool["type"] == "function"
+        assert set(tool["function"]) == {"name", "description", "parameters"}
+        assert tool["function"]["parameters"]["required"] == ["query"]
+    call_ids = set()
+    for s in sessions:
+        task, *steps = s.turns
+        assert task.tool_call is None and not task.is_tool_result
+        assert [t.max_tokens for t in s.turns] == [5, 5, 5, 9]
+        for step in steps:
+            assert step.is_tool_result and step.tool_call.name in names
+            assert set(json.loads(step.tool_call.arguments)) == {"query"}
+            assert tokens.count(step.content) == 25  # the result itself, no "Tool result:" label
+            call_ids.add(step.tool_call.call_id)
+    assert len(call_ids) == 9  # one id per call
+
+
+@pytest.mark.parametrize("num_tokens", [300, 600, 2000])  # above a byte-level skeleton
+def test_tool_schema_json_has_the_asked_token_count(tokens, num_tokens):
+    for seed in range(3):
+        tools = tool_schemas(num_tokens, random.Random(seed), tokens)
+        assert abs(tokens.count(json.dumps(list(tools))) - num_tokens) <= 1
+
+
+def test_a_tool_budget_below_one_skeleton_gives_one_small_tool(tokens):
+    (tool,) = tool_schemas(5, random.Random(0), tokens)
+    assert tokens.count(tool["function"]["description"]) == 1

@@ -6,15 +6,16 @@ Events into `StreamEvent`s. Per chunk that is one `bytes.split`, one stdlib JSON
 few dict lookups: one asyncio process follows ~30,000 chunks/s on one core (2,000 streams at
 once measured), all of it in aiohttp and the parser.
 
-Output tokens per chunk (FIELD-NOTES pitfalls 1 and 2):
+Output tokens per chunk (a chunk may carry several; the first delta may carry none):
 - with `count_tokens`: k = count(text so far) − count(text before this chunk), at least 1, so a
   chunk carrying several tokens (speculative decoding, batched deltas) counts as several; "text
   so far" is the last 64 characters plus the chunk, which gives the same k at a constant cost;
 - without it: 1 per chunk that carries text.
-Reasoning deltas (`reasoning_content` / `reasoning`) are output tokens too, but they are not the
-reply: their event has `text == ""` and `num_tokens > 0`. So the first event with tokens is the
-first token of any kind, and the first event with text is the first content token. Role-only or
-empty deltas carry no tokens and produce no event.
+Reasoning deltas (`reasoning_content` / `reasoning`) and streamed tool calls (the function name
+and argument pieces of `tool_calls`) are output tokens too, but they are not the reply: their
+event has `text == ""` and `num_tokens > 0`. So the first event with tokens is the first token of
+any kind, and the first event with text is the first content token. Role-only or empty deltas
+carry no tokens and produce no event.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class StreamParser:
             delta = choice.get("delta") or {}
             text = delta.get("content") or ""
             reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            reasoning += _tool_call_text(delta.get("tool_calls"))
         else:
             text = choice.get("text") or ""
             reasoning = ""
@@ -144,6 +146,17 @@ class StreamParser:
         num_tokens = self.count_tokens(context + new) - self.count_tokens(context)
         self._context = (context + new)[-_COUNT_CONTEXT_CHARS:]
         return StreamEvent(t_ns, max(1, num_tokens), text)
+
+
+def _tool_call_text(tool_calls: list[dict[str, Any]] | None) -> str:
+    """The text a model generated for streamed tool calls: function names and argument pieces.
+
+    Like reasoning, it is output the model generated but not reply text."""
+    parts = []
+    for call in tool_calls or ():
+        function = call.get("function") or {}
+        parts += [function.get("name") or "", function.get("arguments") or ""]
+    return "".join(parts)
 
 
 class OpenAIBackend:
@@ -244,6 +257,9 @@ class OpenAIBackend:
             yield event
 
     def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        """The path and JSON body. Chat: the messages as given (assistant `tool_calls`, `tool`
+        messages, null content pass through) and the request's `tools`. Completions: the prompt
+        the client rendered, tools already in it."""
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": request.max_tokens,
@@ -255,6 +271,8 @@ class OpenAIBackend:
             body["ignore_eos"] = True  # vLLM / SGLang extension; only sent when asked for
         if request.use_chat:
             body["messages"] = list(request.messages)
+            if request.tools:
+                body["tools"] = list(request.tools)
             return "/chat/completions", body
         if request.prompt_text is None:
             raise ValueError(f"request {request.request_id}: use_chat=False needs prompt_text")

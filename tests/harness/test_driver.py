@@ -1,0 +1,449 @@
+"""The driver: sends at the scheduled times, keeps to the concurrency, records its own lag,
+tokenizes before it schedules, builds real multi-turn and tool-calling histories, and keeps what
+ended when it is cancelled. The backend is a test double of the `Backend` protocol that answers
+from the event loop; the tokenizer is the real byte-level one unless a test needs another."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from itertools import pairwise
+
+import pytest
+
+from llmbench.engine.tokenizer import Tokenizer
+from llmbench.harness.driver import CANCELLED, DriveOptions, Driver, turn_messages
+from llmbench.harness.metrics import queue_ms
+from llmbench.harness.records import GenerationRequest, RequestRecord, StreamEvent
+from llmbench.harness.workloads import Session, ToolCall, Turn
+
+MS = 1_000_000
+# A timing check must be far from this machine's noise (asyncio wakes up within ~1-2 ms; a busy
+# 2-core machine adds a few more) and far below what it catches (gaps of 100 ms or more).
+LAG_TOLERANCE_NS = 40 * MS
+
+
+class FakeBackend:
+    """Answers each request with `num_tokens` one-token chunks `gap_s` apart, then a final
+    event. Requests whose id is in `hang` never answer; in `fail`, raise; in `block_s`, block
+    the whole event loop that long first (a client that cannot keep up)."""
+
+    name = "fake"
+
+    def __init__(self, num_tokens=2, gap_s=0.0, reply="ok ", hang=(), fail=(), block_s=None):
+        self.num_tokens = num_tokens
+        self.gap_s = gap_s
+        self.reply = reply
+        self.hang, self.fail = set(hang), set(fail)
+        self.block_s = block_s or {}
+        self.received: list[tuple[int, GenerationRequest]] = []  # (t_ns, request)
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def generate(self, request: GenerationRequest):
+        self.received.append((time.perf_counter_ns(), request))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if request.request_id in self.block_s:
+                time.sleep(self.block_s[request.request_id])
+            if request.request_id in self.hang:
+                await asyncio.Event().wait()
+            if request.request_id in self.fail:
+                raise ConnectionError("server went away")
+            for _ in range(self.num_tokens):
+                await asyncio.sleep(self.gap_s)
+                yield StreamEvent(time.perf_counter_ns(), 1, self.reply)
+            yield StreamEvent(time.perf_counter_ns(), 0, finish_reason="length")
+        finally:
+            self.in_flight -= 1
+
+
+class SlowTokenizer:
+    """The byte-level tokenizer, `sleep_s` slower per call (a long prompt on a slow CPU);
+    remembers when each call ended."""
+
+    def __init__(self, sleep_s: float):
+        self.inner = Tokenizer.byte_level()
+        self.sleep_s = sleep_s
+        self.ended_ns: list[int] = []
+
+    def encode_chat(self, messages, tools=None):
+        time.sleep(self.sleep_s)
+        ids = self.inner.encode_chat(messages, tools=tools)
+        self.ended_ns.append(time.perf_counter_ns())
+        return ids
+
+    def apply_chat_template(self, messages, tools=None):
+        return self.inner.apply_chat_template(messages, tools=tools)
+
+
+class JsonTokenizer:
+    """One id per byte of the JSON of (messages, tools): a tokenizer that sees the tools, and
+    takes messages with null content and tool calls. Remembers the tools of each call."""
+
+    def __init__(self):
+        self.tools_seen: list[list | None] = []
+
+    def apply_chat_template(self, messages, tools=None):
+        return json.dumps([messages, tools])
+
+    def encode_chat(self, messages, tools=None):
+        self.tools_seen.append(tools)
+        return list(self.apply_chat_template(messages, tools=tools).encode())
+
+
+def session(sid: str, *turns: Turn, tools=None) -> Session:
+    return Session(sid, "You are terse.", turns, tools)
+
+
+def turn(content="hi", max_tokens=2, delay_s=0.0, **kw) -> Turn:
+    return Turn(content, max_tokens, delay_s, **kw)
+
+
+def drive(driver: Driver, coroutine_fn):
+    return asyncio.run(coroutine_fn(driver))
+
+
+def by_id(records: list[RequestRecord]) -> dict[str, RequestRecord]:
+    return {r.request_id: r for r in records}
+
+
+# --- scheduling -------------------------------------------------------------------------------
+
+
+def test_open_loop_sends_at_the_scheduled_times():
+    backend = FakeBackend()
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    sessions = [session(f"s{i}", turn()) for i in range(4)]
+    offsets_s = [0.0, 0.1, 0.25, 0.3]
+    asyncio.run(driver.run_open_loop(sessions, offsets_s))
+
+    records = sorted(driver.result.records, key=lambda r: r.scheduled_ns)
+    assert [r.session_id for r in records] == ["s0", "s1", "s2", "s3"]
+    start_ns = records[0].scheduled_ns
+    assert [r.scheduled_ns - start_ns for r in records] == [0, 100 * MS, 250 * MS, 300 * MS]
+    for r in records:
+        assert 0 <= r.sent_ns - r.scheduled_ns < LAG_TOLERANCE_NS
+    # The backend saw them at those times too (not all at once, not early).
+    received = sorted(t for t, _ in backend.received)
+    for t, r in zip(received, records, strict=True):
+        assert 0 <= t - r.scheduled_ns < LAG_TOLERANCE_NS
+
+
+def test_later_turns_are_scheduled_after_the_reply_plus_the_delay():
+    backend = FakeBackend(num_tokens=1)
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    sessions = [session("s0", turn(), turn(delay_s=0.15), turn(delay_s=0.05))]
+    asyncio.run(driver.run_closed_loop(sessions, 1))
+
+    t0, t1, t2 = driver.result.records
+    assert t1.scheduled_ns - t0.end_ns >= 150 * MS
+    assert t1.scheduled_ns - t0.end_ns < 150 * MS + LAG_TOLERANCE_NS
+    assert 50 * MS <= t2.scheduled_ns - t1.end_ns < 50 * MS + LAG_TOLERANCE_NS
+    assert all(0 <= r.sent_ns - r.scheduled_ns < LAG_TOLERANCE_NS for r in (t0, t1, t2))
+    (stats,) = driver.result.sessions
+    assert stats.tool_wait_ns == 200 * MS and stats.num_requests == 3
+    assert stats.start_ns == t0.scheduled_ns
+
+
+def test_closed_loop_never_exceeds_the_concurrency():
+    backend = FakeBackend(num_tokens=3, gap_s=0.005)
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    sessions = [session(f"s{i}", turn(), turn()) for i in range(9)]
+    asyncio.run(driver.run_closed_loop(sessions, 3))
+
+    assert backend.max_in_flight == 3  # reached, never passed
+    assert len(driver.result.records) == 18 and all(r.ok for r in driver.result.records)
+    assert len(driver.result.sessions) == 9
+    # Session by session: turn 1 is only sent after turn 0 ended.
+    records = by_id(driver.result.records)
+    for i in range(9):
+        assert records[f"s{i}-t1"].sent_ns >= records[f"s{i}-t0"].end_ns
+
+
+# --- lag ----------------------------------------------------------------------------------------
+
+
+def test_the_drivers_own_lag_is_recorded_as_queue_ms():
+    """s0's reply blocks the event loop for 150 ms just after it is sent, while s1 is due 20 ms
+    later: s1 goes out ~130 ms late, and its record says so."""
+    backend = FakeBackend(block_s={"s0-t0": 0.15})
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    asyncio.run(driver.run_open_loop([session("s0", turn()), session("s1", turn())], [0.0, 0.02]))
+
+    records = by_id(driver.result.records)
+    late = records["s1-t0"]
+    assert 125 * MS <= late.sent_ns - late.scheduled_ns < 130 * MS + LAG_TOLERANCE_NS
+    assert queue_ms(late) == (late.sent_ns - late.scheduled_ns) / 1e6
+    # Latency counts from the schedule, so the lag shows in TTFT too.
+    assert late.chunk_ns[0] - late.scheduled_ns >= 125 * MS
+    assert 0 <= records["s0-t0"].sent_ns - records["s0-t0"].scheduled_ns < LAG_TOLERANCE_NS
+
+
+# --- tokenization before scheduling -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["open", "closed"])
+def test_send_timestamp_is_taken_after_tokenization(loop):
+    """Every encode_chat sleeps 150 ms; none of it may land between scheduled and sent: open
+    loop, the first turns are all tokenized before the clock starts; later turns and closed-loop
+    first turns are tokenized, then scheduled."""
+    tokenizer = SlowTokenizer(0.15)
+    driver = Driver(FakeBackend(num_tokens=1), tokenizer, DriveOptions())
+    if loop == "open":
+        sessions = [session("s0", turn()), session("s1", turn())]
+        asyncio.run(driver.run_open_loop(sessions, [0.0, 0.05]))
+    else:
+        sessions = [session("s0", turn(), turn(delay_s=0.01)), session("s1", turn())]
+        asyncio.run(driver.run_closed_loop(sessions, 1))
+
+    records = driver.result.records
+    assert len(records) == len(tokenizer.ended_ns) == (3 if loop == "closed" else 2)
+    for r in records:
+        assert 0 <= r.sent_ns - r.scheduled_ns < LAG_TOLERANCE_NS  # far below 150 ms
+    # Each request was tokenized before it was scheduled: call i ended before request i's time.
+    scheduled = sorted(r.scheduled_ns for r in records)
+    for ended_ns, scheduled_ns in zip(sorted(tokenizer.ended_ns), scheduled, strict=True):
+        assert ended_ns <= scheduled_ns
+    if loop == "open":  # the second start keeps its offset after the first
+        assert scheduled[1] - scheduled[0] == 50 * MS
+    else:  # a later turn's delay counts from when it was tokenized
+        t1 = by_id(records)["s0-t1"]
+        assert t1.scheduled_ns - tokenizer.ended_ns[1] >= 10 * MS
+
+
+def test_another_sessions_tokenization_shows_as_lag_not_as_server_time():
+    """Preparing runs on the event loop: while s0's second turn is tokenized (150 ms), s1 (due
+    50 ms into it) cannot be sent. That is the driver's own lag: it is in s1's queue_ms, and
+    s1's TTFT from the send stays small."""
+    tokenizer = SlowTokenizer(0.15)
+    backend = FakeBackend(num_tokens=1)
+    driver = Driver(backend, tokenizer, DriveOptions())
+    sessions = [session("s0", turn(), turn()), session("s1", turn())]
+    asyncio.run(driver.run_open_loop(sessions, [0.0, 0.05]))
+
+    late = by_id(driver.result.records)["s1-t0"]
+    assert 50 * MS <= late.sent_ns - late.scheduled_ns < 100 * MS + LAG_TOLERANCE_NS
+    assert late.chunk_ns[0] - late.sent_ns < LAG_TOLERANCE_NS
+
+
+def test_prompt_ids_are_the_model_tokenizers_and_counted():
+    tokenizer = Tokenizer.byte_level()
+    backend = FakeBackend(reply="yes ")
+    driver = Driver(backend, tokenizer, DriveOptions())
+    asyncio.run(driver.run_closed_loop([session("s0", turn("hello"), turn("more"))], 1))
+
+    (_, first), (_, second) = backend.received
+    assert first.prompt_ids == tuple(tokenizer.encode_chat(list(first.messages)))
+    assert second.messages == (
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "yes yes "},  # the real reply, fed back
+        {"role": "user", "content": "more"},
+    )
+    # ChatML, byte level: per message <|im_start|> role \n content <|im_end|> \n (role + content
+    # + 4 ids), then <|im_start|> assistant \n (11 ids): 23 + 31 + 16 + 11.
+    expected = sum(len(m["role"]) + len(m["content"]) + 4 for m in second.messages) + 11
+    assert expected == 81
+    assert len(second.prompt_ids) == expected
+    assert [r.num_prompt_tokens for r in driver.result.records] == [
+        len(first.prompt_ids),
+        expected,
+    ]
+    assert first.prompt_text is None and first.tools is None
+
+
+def test_completions_requests_carry_the_rendered_prompt():
+    tokenizer = Tokenizer.byte_level()
+    backend = FakeBackend()
+    driver = Driver(backend, tokenizer, DriveOptions(use_chat=False, temperature=0.5))
+    asyncio.run(driver.run_closed_loop([session("s0", turn("hello", max_tokens=7))], 1))
+
+    ((_, request),) = backend.received
+    assert request.prompt_text == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert request.prompt_ids == tuple(tokenizer.encode(request.prompt_text))
+    assert (request.use_chat, request.temperature, request.max_tokens) == (False, 0.5, 7)
+
+
+# --- tool calling -------------------------------------------------------------------------------
+
+TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "find_river_0",
+            "description": "Find a river.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "what"}},
+                "required": ["query"],
+            },
+        },
+    },
+)
+CALL_1 = ToolCall("call_1", "find_river_0", '{"query": "nile"}')
+CALL_2 = ToolCall("call_2", "find_river_0", '{"query": "rhine"}')
+
+
+def test_tool_messages_by_hand():
+    assert turn_messages(turn("task"), None) == [{"role": "user", "content": "task"}]
+    assert turn_messages(turn("next"), "sure") == [
+        {"role": "assistant", "content": "sure"},
+        {"role": "user", "content": "next"},
+    ]
+    assert turn_messages(turn("6,650 km", tool_call=CALL_1, is_tool_result=True), "") == [
+        {
+            "role": "assistant",
+            "content": None,  # an empty reply is null content next to the tool call
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "find_river_0", "arguments": '{"query": "nile"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "6,650 km"},
+    ]
+
+
+def test_api_tools_go_with_every_request_and_into_the_count():
+    tokenizer = JsonTokenizer()
+    backend = FakeBackend(reply="let me check ", num_tokens=1)
+    driver = Driver(backend, tokenizer, DriveOptions())
+    s = session(
+        "s0",
+        turn("task"),
+        turn("6,650 km", tool_call=CALL_1, is_tool_result=True),
+        turn("1,230 km", tool_call=CALL_2, is_tool_result=True),
+        tools=TOOLS,
+    )
+    asyncio.run(driver.run_closed_loop([s], 1))
+
+    requests = [r for _, r in backend.received]
+    assert [r.tools for r in requests] == [TOOLS] * 3
+    assert tokenizer.tools_seen == [list(TOOLS)] * 3
+    last = requests[2]
+    assert [m["role"] for m in last.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
+    assert last.messages[2] == {
+        "role": "assistant",
+        "content": "let me check ",
+        "tool_calls": [CALL_1.as_api()],
+    }
+    assert last.messages[3] == {"role": "tool", "tool_call_id": "call_1", "content": "6,650 km"}
+    assert last.messages[4]["tool_calls"] == [CALL_2.as_api()]
+    for request, record in zip(requests, driver.result.records, strict=True):
+        expected = len(json.dumps([list(request.messages), list(TOOLS)]).encode())
+        assert record.num_prompt_tokens == len(request.prompt_ids) == expected
+
+
+def test_the_real_tokenizer_renders_and_counts_the_tool_conversation():
+    """The engine's tokenizer renders the tools and the tool turns into the prompt (ChatML has
+    no tool support, so its fallback format): every count includes them."""
+    tokenizer = Tokenizer.byte_level()
+    backend = FakeBackend(reply="", num_tokens=1)  # an empty reply: null content in the history
+    driver = Driver(backend, tokenizer, DriveOptions())
+    s = session(
+        "s0",
+        turn("task"),
+        turn("6,650 km", tool_call=CALL_1, is_tool_result=True),
+        tools=TOOLS,
+    )
+    asyncio.run(driver.run_closed_loop([s], 1))
+
+    (_, first), (_, second) = backend.received
+    assert second.messages[2]["content"] is None
+    for request, record in zip((first, second), driver.result.records, strict=True):
+        ids = tokenizer.encode_chat(list(request.messages), tools=list(TOOLS))
+        assert request.prompt_ids == tuple(ids) and record.num_prompt_tokens == len(ids)
+        prompt = tokenizer.decode(ids)
+        assert json.dumps(TOOLS[0]) in prompt
+        without_tools = tokenizer.encode_chat(list(request.messages)[:2])
+        assert len(ids) > len(without_tools) + len(json.dumps(TOOLS[0]))
+    prompt = tokenizer.decode(second.prompt_ids)
+    assert '"name": "find_river_0", "arguments": {"query": "nile"}' in prompt  # the call
+    assert "6,650 km" in prompt  # its result
+
+
+# --- failures and cancellation ------------------------------------------------------------------
+
+
+def test_a_failed_request_ends_its_session():
+    backend = FakeBackend(fail={"s0-t1"})
+    seen: list[str] = []
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions(), on_record=seen.append)
+    asyncio.run(driver.run_closed_loop([session("s0", turn(), turn(), turn())], 1))
+
+    t0, t1 = driver.result.records
+    assert t0.ok and t1.error == "ConnectionError: server went away"
+    assert t1.end_ns >= t1.sent_ns > 0
+    assert [r.request_id for r in seen] == ["s0-t0", "s0-t1"]
+    (stats,) = driver.result.sessions
+    assert (stats.num_requests, stats.num_failed) == (2, 1)
+
+
+def test_cancelling_keeps_what_ended_and_marks_what_was_in_flight():
+    """Concurrency 2: s0 ends, s1 hangs, s2's first turn ends and its second hangs, s3 waits
+    for a slot. Cancelled then: two completed records, two in flight kept as cancelled, none for
+    s3, which was never sent."""
+    backend = FakeBackend(hang={"s1-t0", "s2-t1"})
+    seen: list[RequestRecord] = []
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions(), on_record=seen.append)
+    sessions = [
+        session("s0", turn()),
+        session("s1", turn()),
+        session("s2", turn(), turn()),
+        session("s3", turn()),
+    ]
+
+    async def main():
+        task = asyncio.create_task(driver.run_closed_loop(sessions, 2))
+        while len(backend.received) < 4:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    records = by_id(driver.result.records)
+    assert set(records) == {"s0-t0", "s1-t0", "s2-t0", "s2-t1"}
+    assert records["s0-t0"].ok and records["s2-t0"].ok
+    for rid in ("s1-t0", "s2-t1"):
+        assert records[rid].error == CANCELLED
+        assert records[rid].end_ns >= records[rid].sent_ns > 0
+    assert {r.request_id for r in seen} == set(records)
+    assert backend.in_flight == 0  # the backend's streams were closed too
+    assert [s.session_id for s in driver.result.sessions] == ["s0"]
+
+
+def test_warm_up_records_are_marked_and_have_no_session_stats():
+    backend = FakeBackend()
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    asyncio.run(driver.warm_up([session("w0", turn(), turn()), session("w1", turn())]))
+
+    assert [(r.request_id, r.is_warmup) for r in driver.result.records] == [
+        ("w0-t0", True),
+        ("w1-t0", True),
+    ]
+    assert driver.result.sessions == []
+    for a, b in pairwise(driver.result.records):
+        assert b.sent_ns >= a.end_ns  # one by one
