@@ -22,10 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from llmbench.errors import UserError
-from llmbench.harness.spec import SpecError, _line_for, _plain
+from llmbench.harness.yaml_source import SpecError, located, read_yaml
 
 # -- the metrics a gate may name ---------------------------------------------------------------
 
@@ -202,25 +200,11 @@ def _build_gates(data: Any) -> tuple[Gate, ...]:
 
 def parse_gates(text: str, source: str) -> tuple[Gate, ...]:
     """Gates from the text of a gates file; `source` names it in errors (`source:line: ...`)."""
+    data, lines = read_yaml(text, source)
     try:
-        root = yaml.compose(text) if text.strip() else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise UserError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    lines: dict[str, int] = {}
-    try:
-        data = _plain(root, "", lines) if root is not None else {}
-    except UserError as e:
-        # The shared reader says "line N: key: duplicate key"; put the file in front.
-        match = re.match(r"^line (\d+): (.*)$", str(e))
-        raise UserError(f"{source}:{match[1]}: {match[2]}" if match else f"{source}: {e}") from None
-    try:
-        return _build_gates(data)
+        return _build_gates({} if data is None else data)
     except SpecError as e:
-        line = _line_for(e.path, lines)
-        where = f"{source}:{line}" if line else source
-        raise UserError(f"{where}: {e.path}: {e.reason}") from None
+        raise located(e, source, lines) from None
 
 
 def load_gates(path: Path) -> tuple[Gate, ...]:

@@ -23,6 +23,7 @@ import yaml
 from llmbench.errors import UserError
 from llmbench.harness.hardware import HARDWARE, datasheet
 from llmbench.harness.metrics import SLO_METRICS
+from llmbench.harness.yaml_source import SpecError, located, read_yaml
 
 
 @dataclass(frozen=True)
@@ -211,13 +212,6 @@ class RunSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class SpecError(UserError):
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
 # -- loading ----------------------------------------------------------------------------------
 
 
@@ -227,14 +221,8 @@ def load_spec(path: Path, overrides: list[str] = ()) -> RunSpec:
         text = path.read_text()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror}); give a workload YAML") from None
-    try:
-        root = yaml.compose(text) if text.strip() else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise UserError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    lines: dict[str, int] = {}
-    data = _plain(root, "", lines) if root is not None else {}
+    data, lines = read_yaml(text, str(path))
+    data = {} if data is None else data
     if not isinstance(data, dict):
         raise UserError(f"{path}: the top level must be a mapping of keys")
     for override in overrides:
@@ -247,36 +235,8 @@ def load_spec(path: Path, overrides: list[str] = ()) -> RunSpec:
         spec = _build(RunSpec, data, "")
         _check(spec)
     except SpecError as e:
-        line = _line_for(e.path, lines)
-        where = f"{path}:{line}" if line else str(path)
-        raise UserError(f"{where}: {e.path}: {e.reason}") from None
+        raise located(e, str(path), lines) from None
     return spec
-
-
-def _plain(node: yaml.Node, path: str, lines: dict[str, int]) -> Any:
-    """YAML node → plain Python, remembering the line of every key path."""
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        out = {}
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            sub = f"{path}.{key}" if path else key
-            if key in out:
-                raise UserError(f"line {key_node.start_mark.line + 1}: {sub}: duplicate key")
-            out[key] = _plain(value_node, sub, lines)
-            lines[sub] = key_node.start_mark.line + 1  # errors point at the key, not its value
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_plain(v, f"{path}[{i}]", lines) for i, v in enumerate(node.value)]
-    return yaml.safe_load(yaml.serialize(node))
-
-
-def _line_for(path: str, lines: dict[str, int]) -> int:
-    while path:
-        if path in lines:
-            return lines[path]
-        path = path.rpartition(".")[0]
-    return 0
 
 
 def _set_path(data: dict, key: str, value: Any) -> None:
