@@ -157,7 +157,7 @@ def roofline(
     if html_path is not None:
         from llmbench.reports.whatif import render
 
-        html_path.write_text(render(result))
+        render(result).write(html_path)  # the page, and its figures as PNGs beside it
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

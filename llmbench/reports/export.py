@@ -14,8 +14,6 @@ from llmbench.errors import UserError
 from llmbench.harness import metrics
 from llmbench.reports.rundata import RunData
 
-FORMATS = ("csv", "parquet")
-
 
 def request_rows(run: RunData) -> list[dict[str, Any]]:
     rows = []

@@ -1,157 +1,95 @@
-"""`report.html`: one self-contained file — inline CSS and SVG, no script, no external URL."""
+"""`report.html`: one self-contained page from a jinja2 template (inline CSS and SVG, no script,
+no external URL), with every figure also written as a PNG under `figures/` beside it."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from html import escape
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from llmbench.reports import plots, tables
-from llmbench.reports.plots import Figure
+import jinja2
+
+from llmbench.reports import figure, plots, tables
+from llmbench.reports.figure import Plot
 from llmbench.reports.rundata import RunData
 
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1560px; color: #222;
-       padding: 0 16px; }
-h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
-.sub { color: #555; margin-top: 0; }
-.warn { background: #fff4e0; border-left: 4px solid #E69F00; padding: 8px 12px; margin: 6px 0; }
-.cards { display: flex; flex-wrap: wrap; gap: 10px; }
-.card { border: 1px solid #ddd; border-radius: 6px; padding: 8px 12px; min-width: 150px; }
-.card .label { font-size: 12px; color: #666; } .card .value { font-size: 18px; }
-.figs { display: flex; flex-wrap: wrap; gap: 16px; }
-figure { margin: 0; } figcaption { font-size: 12px; color: #555; max-width: 760px; }
-table { border-collapse: collapse; font-size: 13px; margin: 6px 0; }
-td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
-th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
-.pairs td { text-align: left; }
-pre { background: #f7f7f7; padding: 8px; font-size: 12px; overflow-x: auto; }
-"""
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("llmbench.reports", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+TEMPLATES.filters["svg"] = figure.svg
 
 
-class Html(str):
-    """A cell that is already HTML (a link), not text to escape."""
+@dataclass(frozen=True)
+class Page:
+    html: str
+    plots: list[Plot]
+
+    def write(self, html_path: Path) -> Path:
+        """Write the page and its figures as `figures/<key>.png` next to it."""
+        html_path.write_text(self.html)
+        if self.plots:
+            (html_path.parent / "figures").mkdir(exist_ok=True)
+        for plot in self.plots:
+            (html_path.parent / "figures" / f"{plot.key}.png").write_bytes(figure.png(plot))
+        return html_path
 
 
-def _cell(value: str) -> str:
-    return value if isinstance(value, Html) else escape(value)
+def render_page(template: str, shown: list[Plot | None], **context: Any) -> Page:
+    """Fill a template; `shown` lists the page's figures (None: a figure without data)."""
+    html = TEMPLATES.get_template(template).render(**context)
+    return Page(html, [p for p in shown if p is not None])
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _pairs(rows: Sequence[tuple[str, str]]) -> str:
-    """A two-column label/value table."""
-    body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
-    return f'<table class="pairs">{body}</table>'
-
-
-def figures_html(figures: Sequence[Figure | None]) -> str:
-    shown = [f for f in figures if f is not None]
-    return (
-        '<div class="figs">'
-        + "".join(
-            f'<figure id="{f.key}">{f.svg}<figcaption>{escape(f.caption)}</figcaption></figure>'
-            for f in shown
-        )
-        + "</div>"
-    )
-
-
-def page(title: str, body: list[str]) -> str:
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
-
-
-def render(run: RunData) -> str:
+def render(run: RunData) -> Page:
     """The report of one run folder."""
     p = run.provenance
     device = p.get("device", {})
-    title = f"llmbench: {run.results.get('name')}"
-    body = [
-        f"<h1>{escape(title)}</h1>",
-        f'<p class="sub">{escape(str(p.get("backend")))} · {escape(str(p.get("model")))} · '
-        f"{escape(str(p.get('dtype')))} · {escape(str(device.get('name', device.get('url', ''))))}"
-        f" · git {escape(str(p.get('git_sha') or '-'))}</p>",
-    ]
-    body += [f'<p class="warn">{escape(w)}</p>' for w in tables.warnings(run)]
-    body.append(
-        '<div class="cards">'
-        + "".join(
-            f'<div class="card"><div class="label">{escape(k)}</div>'
-            f'<div class="value">{escape(v)}</div></div>'
-            for k, v in tables.headline(run)
-        )
-        + "</div>"
-    )
-    body.append("<h2>Roofline</h2>")
-    roofline = plots.roofline(run)
-    if roofline is None:
-        body.append(
-            "<p>No roofline: no timed steps (the transformers baseline reports none, and an "
-            "interrupted run may have none yet).</p>"
-        )
-    else:
-        body.append(figures_html([roofline]))
-        body.append(_pairs(tables.roofs(run)))
-        body.append(
-            table(
-                ("phase", "steps", "seconds", "bandwidth", "compute", "FLOP/B", "MBU", "MFU"),
-                tables.phase_rows(run),
-            )
-        )
-    body.append("<h2>Latency</h2>")
-    body.append(
-        figures_html(
-            [
-                plots.latency_cdf(run, "ttft_ms"),
-                plots.latency_cdf(run, "tpot_ms"),
-                plots.itl_histogram(run),
-            ]
-        )
-    )
-    body.append(table(("metric (ms)", *tables.QUANTILES, "count"), tables.latency_rows(run)))
-    slo = tables.slo_rows(run)
-    if slo:
-        body.append("<h2>SLOs and goodput</h2>")
-        body.append(table(("SLO", "limit", "met", "share"), slo))
-    body.append("<h2>Over time</h2>")
-    body.append(figures_html(plots.timeline(run)))
+    latency = [plots.latency_cdf(run, "ttft_ms"), plots.latency_cdf(run, "tpot_ms")]
+    latency = [f for f in [*latency, plots.itl_histogram(run)] if f is not None]
+    roofline, timeline, waterfall = plots.roofline(run), plots.timeline(run), None
     sessions = tables.session_rows(run)
     if sessions:
-        body.append("<h2>Sessions</h2>")
-        body.append(_pairs(sessions))
-        body.append(figures_html([plots.session_waterfall(run)]))
-    body.append("<h2>Provenance</h2>")
-    body.append(_pairs(tables.provenance_rows(run)))
-    body.append(
-        "<details><summary>spec</summary><pre>"
-        + escape(json.dumps(run.results.get("spec", {}), indent=2))
-        + "</pre></details>"
+        waterfall = plots.session_waterfall(run)
+    return render_page(
+        "report.html.j2",
+        [roofline, *latency, *timeline, waterfall],
+        title=f"llmbench: {run.results.get('name')}",
+        subtitle=f"{p.get('backend')} · {p.get('model')} · {p.get('dtype')} · "
+        f"{device.get('name', device.get('url', ''))} · git {p.get('git_sha') or '-'}",
+        warnings=tables.warnings(run),
+        cards=tables.headline(run),
+        roofline=roofline,
+        roofs=tables.roofs(run),
+        phase_header=tables.PHASE_HEADER,
+        phases=tables.phase_rows(run),
+        latency=latency,
+        latency_header=("metric (ms)", *tables.QUANTILES, "count"),
+        latency_rows=tables.latency_rows(run),
+        slo_header=tables.SLO_HEADER,
+        slo_rows=tables.slo_rows(run),
+        timeline=timeline,
+        sessions=sessions,
+        waterfall=waterfall,
+        provenance=tables.provenance_rows(run),
+        spec=json.dumps(run.results.get("spec", {}), indent=2),
     )
-    return page(title, body)
 
 
-def render_sweep(name: str, points: list[RunData]) -> str:
+def render_sweep(name: str, points: list[RunData]) -> Page:
     """The report of a sweep folder: latency-vs-throughput curves and a row per point."""
-    rows = [
-        [
-            *row,
-            Html(f'<a href="{escape(run.folder.name)}/report.html">{escape(run.folder.name)}</a>'),
-        ]
-        for row, run in zip(tables.sweep_rows(points), points, strict=True)
-    ]
-    title = f"llmbench sweep: {name}"
-    body = [
-        f"<h1>{escape(title)}</h1>",
-        figures_html(plots.sweep_curves(points)),
-        table((*tables.SWEEP_HEADER, "report"), rows),
-    ]
-    return page(title, body)
+    curves = plots.sweep_curves(points)
+    rows = zip(tables.sweep_rows(points), [run.folder.name for run in points], strict=True)
+    return render_page(
+        "sweep.html.j2",
+        curves,
+        title=f"llmbench sweep: {name}",
+        subtitle="",
+        plots=curves,
+        header=tables.SWEEP_HEADER,
+        rows=list(rows),
+    )

@@ -36,12 +36,10 @@ def render(run: RunData) -> str:
     if phases:
         lines += ["## Roofline", ""]
         lines += [f"- {label}: {value}" for label, value in tables.roofs(run)] + [""]
-        lines += _table(
-            ("phase", "steps", "seconds", "bandwidth", "compute", "FLOP/B", "MBU", "MFU"), phases
-        )
+        lines += _table(tables.PHASE_HEADER, phases)
     slo = tables.slo_rows(run)
     if slo:
-        lines += ["## SLOs", ""] + _table(("SLO", "limit", "met", "share"), slo)
+        lines += ["## SLOs", ""] + _table(tables.SLO_HEADER, slo)
     sessions = tables.session_rows(run)
     if sessions:
         lines += ["## Sessions", ""] + _table(("", ""), sessions)

@@ -1,96 +1,102 @@
-"""Every figure of a report, drawn from a `RunData` as inline SVG (None when there is no data).
+"""Every figure of a run's report, drawn with matplotlib from a `RunData` (None: no data).
 
-roofline · TTFT and TPOT CDFs · ITL histogram · timeline · session waterfall · sweep curves.
+roofline · TTFT and TPOT CDFs · ITL histogram · timeline panels · session waterfall · sweep curves.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from llmbench.harness import metrics
+from llmbench.reports.figure import (
+    BLUE,
+    GREEN,
+    GREY,
+    ORANGE,
+    PURPLE,
+    RED,
+    Plot,
+    hover,
+    new_axes,
+    styled,
+)
+from llmbench.reports.roofline_axes import (
+    SI_TICKS,
+    draw_roof,
+    log_axes,
+    marker_area,
+    scatter_legend,
+)
 from llmbench.reports.rundata import RunData
-from llmbench.reports.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, RED, Chart, Scale, si
+from llmbench.reports.tables import si
 
 PHASE_COLOURS = {"decode": BLUE, "prefill": ORANGE, "mixed": GREEN}
 MAX_POINTS = 4000  # roofline points drawn; a longer run is thinned evenly (the table has all)
+WIDE_IN, SMALL_IN = 12.0, (3.85, 2.9)  # figure sizes in inches (96 CSS px each)
 
 
-@dataclass(frozen=True)
-class Figure:
-    key: str  # stable id, used as the HTML element id
-    svg: str  # carries its own <title>
-    caption: str
-
-
-def draw_roof(
-    chart: Chart,
-    label: str,
-    bytes_per_s: float,
-    flops_per_s: float,
-    colour: str = "#222",
-    dash: str | None = None,
-    mark_ridge: bool = True,
-) -> None:
-    """The roofline min(AI · bandwidth, peak FLOP/s) across the chart's x range, labelled with
-    its peaks, and (`mark_ridge`) a dotted line at the ridge point AI = FLOP/s ÷ bandwidth."""
-    ridge = flops_per_s / bytes_per_s
-    xs = [chart.x.lo, ridge, chart.x.hi]
-    chart.line(
-        xs,
-        [min(x * bytes_per_s, flops_per_s) for x in xs],
-        colour,
-        f"{label}: {si(bytes_per_s, 'B/s')}, {si(flops_per_s, 'FLOP/s')}",
-        dash,
-    )
-    if mark_ridge:
-        chart.line([ridge, ridge], [chart.y.lo, flops_per_s], GREY, dash="2 3", width=1)
-        chart.label(ridge, flops_per_s, f"ridge {ridge:.3g} FLOP/B")
-
-
-def roofline(run: RunData) -> Figure | None:
+@styled
+def roofline(run: RunData) -> Plot | None:
     """Log-log roofline: measured roofs (solid), datasheet roofs (dashed), every step a point
     coloured by phase and sized by its batch."""
     roof = run.results.get("roofline")
-    points = [s for s in run.steps if s["t_end_ns"] > s["t_start_ns"] and s["bytes"] > 0]
-    if roof is None or not points:
+    steps = [
+        (i, s)
+        for i, s in enumerate(run.steps)
+        if s["t_end_ns"] > s["t_start_ns"] and s["bytes"] > 0 and s["flops"] > 0
+    ]
+    if roof is None or not steps:
         return None
-    stride = max(1, math.ceil(len(points) / MAX_POINTS))
-    points = points[::stride]
-    intensity = [p["flops"] / p["bytes"] for p in points]
-    achieved = [p["flops"] / ((p["t_end_ns"] - p["t_start_ns"]) / 1e9) for p in points]
-    roofs = [r for r in (roof.get("roofs"), roof.get("datasheet_roofs")) if r]
+    stride = max(1, math.ceil(len(steps) / MAX_POINTS))
+    steps = steps[::stride]
+    seconds = np.array([(s["t_end_ns"] - s["t_start_ns"]) / 1e9 for _, s in steps])
+    flops = np.array([s["flops"] for _, s in steps], dtype=float)
+    intensity = flops / np.array([s["bytes"] for _, s in steps], dtype=float)
+    achieved = flops / seconds
+    roofs = [r for r in (roof.get("roofs"), roof.get("datasheet_roofs")) if r and r["flops_per_s"]]
     ridges = [r["flops_per_s"] / r["read_bytes_per_s"] for r in roofs]
-    peaks = [r["flops_per_s"] for r in roofs]
-    chart = Chart(
-        "Roofline" + (" (estimated from the client)" if roof.get("is_estimated") else ""),
-        "arithmetic intensity (FLOP/byte)",
-        "achieved FLOP/s",
-        Scale.fit([*intensity, *ridges, *(x * 4 for x in ridges)], is_log=True),
-        Scale.fit([*achieved, *peaks], is_log=True),
-        width=760,
-        height=440,
-        legend_at_bottom=True,
+    title = "Roofline" + (" (estimated from the client)" if roof.get("is_estimated") else "")
+    figure, ax = new_axes((6.0, 4.3), title, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s")
+    log_axes(
+        ax,
+        [*intensity, *ridges, *(4 * x for x in ridges)],
+        [*achieved, *(r["flops_per_s"] for r in roofs)],
     )
-    if roof.get("roofs"):
-        r = roof["roofs"]
-        draw_roof(chart, r["label"], r["read_bytes_per_s"], r["flops_per_s"])
-    if roof.get("datasheet_roofs"):
-        r = roof["datasheet_roofs"]
-        draw_roof(
-            chart, r["label"], r["read_bytes_per_s"], r["flops_per_s"], RED, "6 4", mark_ridge=False
-        )
+    for r, style in (
+        (roof.get("roofs"), {}),
+        (roof.get("datasheet_roofs"), {"color": RED, "linestyle": "--"}),
+    ):
+        if r:
+            draw_roof(ax, r["label"], r["read_bytes_per_s"], r["flops_per_s"], **style)
+    groups = [(s["phase"], s.get("num_seqs", 1)) for _, s in steps]  # (phase, batch) per point
     for phase, colour in PHASE_COLOURS.items():
-        chosen = [i for i, p in enumerate(points) if p["phase"] == phase]
-        if chosen:
-            chart.points(
-                [intensity[i] for i in chosen],
-                [achieved[i] for i in chosen],
-                colour,
-                f"{phase} steps ({sum(1 for p in run.steps if p['phase'] == phase)})",
-                radii=[2 + 1.2 * math.sqrt(points[i].get("num_seqs", 1)) for i in chosen],
+        label = f"{phase} steps ({sum(1 for s in run.steps if s['phase'] == phase)})"
+        # One collection per batch size: equal markers are written once and reused in the SVG.
+        for size in sorted({b for p, b in groups if p == phase}):
+            chosen = [k for k, group in enumerate(groups) if group == (phase, size)]
+            points = ax.scatter(
+                intensity[chosen],
+                achieved[chosen],
+                s=marker_area(size),
+                color=colour,
+                alpha=0.6,
+                lw=0.5,
+                clip_on=False,  # the axes hold every point
+                label=label,
             )
+            label = "_"  # the phase's legend entry once
+            texts = [
+                f"{phase} step {steps[k][0]}: {size} sequences, {seconds[k] * 1e3:.3g} ms, "
+                f"{intensity[k]:.3g} FLOP/B, {si(achieved[k], 'FLOP/s')}"
+                for k in chosen
+            ]
+            hover(points, texts)
+    scatter_legend(ax)
     caption = (
         "Each point is one engine step: x = FLOPs / bytes the cost model says it computed and "
         "moved, y = FLOPs / its measured time; size grows with the sequences in the step. "
@@ -103,267 +109,241 @@ def roofline(run: RunData) -> Figure | None:
         )
     if stride > 1:
         caption += f" Every {stride}th step of {len(run.steps)} is drawn."
-    return Figure("roofline", chart.svg(), caption)
+    return Plot("roofline", figure, caption)
 
 
-def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
-    xs = sorted(values)
-    return xs, [(i + 1) / len(xs) for i in range(len(xs))]
-
-
-def latency_cdf(run: RunData, name: str) -> Figure | None:
-    """Empirical CDF of one per-request latency: `ttft_ms` or `tpot_ms`."""
+@styled
+def latency_cdf(run: RunData, name: str) -> Plot | None:
+    """Empirical CDF of one per-request latency, `ttft_ms` or `tpot_ms`, with its SLO."""
     fn = {"ttft_ms": metrics.ttft_ms, "tpot_ms": metrics.tpot_ms}[name]
-    values = [v for v in (fn(r) for r in run.requests) if v is not None]
-    if not values:
+    values = np.sort([v for v in (fn(r) for r in run.requests) if v is not None])
+    if not values.size:
         return None
     slo = run.results.get("spec", {}).get("slo", {}).get(name)
-    slo_in_view = slo is not None and slo <= 2 * max(values)  # else it squashes the curve
-    chart = Chart(
-        f"{name.removesuffix('_ms').upper()} CDF",
-        f"{name} (ms)",
-        "fraction of requests",
-        Scale.fit([*values, *([slo] if slo_in_view else [])]),
-        Scale(0.0, 1.0),
-        width=470,
-        height=300,
-        legend_at_bottom=True,
-    )
-    xs, ys = _cdf(values)
-    chart.line([0.0, *xs], [0.0, *ys], BLUE, f"{len(values)} requests", step=True)
+    slo_in_view = slo is not None and slo <= 2 * values[-1]  # else it squashes the curve
+    title = f"{name.removesuffix('_ms').upper()} CDF"
+    figure, ax = new_axes(SMALL_IN, title, f"{name} (ms)", "fraction of requests")
+    ax.ecdf(values, color=BLUE, label=f"{len(values)} requests")
     if slo_in_view:
-        chart.line([slo, slo], [0.0, 1.0], RED, f"SLO {slo:g} ms", dash="4 3")
-    p50, p99 = metrics.percentile(values, 50), metrics.percentile(values, 99)
-    caption = f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(values):.1f} ms."
+        ax.axvline(slo, color=RED, linestyle="--", lw=1.2, label=f"SLO {slo:g} ms")
+    quantiles = (50, 90, 99)
+    at = np.percentile(values, quantiles)
+    marks = ax.scatter(at, [q / 100 for q in quantiles], s=14, color="#222222", zorder=3)
+    hover(marks, [f"p{q}: {v:.2f} ms" for q, v in zip(quantiles, at, strict=True)])
+    ax.set(xlim=(0, 1.05 * max(values[-1], slo if slo_in_view else 0)), ylim=(0, 1.02))
+    ax.legend(loc="lower right")
+    caption = f"p50 {at[0]:.1f} ms, p99 {at[2]:.1f} ms, max {values[-1]:.1f} ms (dots: p50/90/99)."
     if slo is not None and not slo_in_view:
         caption += f" The SLO ({slo:g} ms) is off the chart, far right of every request."
-    return Figure(name.removesuffix("_ms") + "-cdf", chart.svg(), caption)
+    return Plot(name.removesuffix("_ms") + "-cdf", figure, caption)
 
 
-def itl_histogram(run: RunData) -> Figure | None:
+@styled
+def itl_histogram(run: RunData) -> Plot | None:
     """Inter-token latencies, one sample per token (a chunk of k tokens gives k samples)."""
-    samples = [s for r in run.requests for s in metrics.itl_samples_ms(r)]
-    if not samples:
+    samples = np.array([s for r in run.requests for s in metrics.itl_samples_ms(r)])
+    if not samples.size:
         return None
-    top = metrics.percentile(samples, 99.5) or max(samples) or 1.0  # all-zero gaps: any width
-    num_bins = 40
-    edges = [top * i / num_bins for i in range(num_bins + 1)]
-    counts = [0] * num_bins
-    overflow = 0
-    for s in samples:
-        if s > top:
-            overflow += 1
-        else:
-            counts[min(int(s / top * num_bins), num_bins - 1)] += 1
-    chart = Chart(
-        "ITL histogram",
-        "inter-token latency (ms)",
-        "tokens",
-        Scale(0.0, top),
-        Scale.fit(counts),
-        width=470,
-        height=300,
+    top = float(np.percentile(samples, 99.5)) or float(samples.max()) or 1.0  # all-zero: any
+    counts, edges = np.histogram(samples, bins=40, range=(0.0, top))
+    figure, ax = new_axes(SMALL_IN, "ITL histogram", "inter-token latency (ms)", "tokens")
+    drawn = np.flatnonzero(counts)
+    bars = ax.bar(
+        edges[drawn],
+        counts[drawn],
+        width=top / 40,
+        align="edge",
+        color=BLUE,
+        alpha=0.85,
+        label=f"{samples.size} token gaps",
     )
-    chart.bars(edges, counts, BLUE, f"{len(samples)} token gaps")
+    hover(bars, [f"{edges[i]:.3g}–{edges[i + 1]:.3g} ms: {counts[i]} tokens" for i in drawn])
+    ax.set_xlim(0, top)
+    ax.legend(loc="upper right")
+    p50, p99 = np.percentile(samples, [50, 99])
     caption = (
-        f"p50 {metrics.percentile(samples, 50):.1f} ms, p99 {metrics.percentile(samples, 99):.1f}"
-        f" ms; {overflow} samples beyond {top:.1f} ms (p99.5) are not drawn."
+        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms; {int((samples > top).sum())} samples beyond "
+        f"{top:.1f} ms (p99.5) are not drawn."
     )
-    return Figure("itl-histogram", chart.svg(), caption)
+    return Plot("itl-histogram", figure, caption)
 
 
-def _buckets(span_s: float) -> float:
-    """A bucket width that gives about 60 buckets, rounded to a readable size."""
+def time_buckets(run: RunData) -> tuple[float, int]:
+    """Width (s) and count of the timeline's buckets: about 60 of a readable width, from the
+    first measured send to the last end."""
+    ends = [r.end_ns for r in run.requests if r.end_ns] + [s["t_end_ns"] for s in run.steps]
+    span_s = max((max(ends, default=run.t0_ns) - run.t0_ns) / 1e9, 1e-3)
     raw = max(span_s / 60, 0.05)
-    return next((w for w in (0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60) if w >= raw), 60.0)
+    width_s = next((w for w in (0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60) if w >= raw), 60.0)
+    return width_s, int(span_s / width_s) + 1
 
 
-def _bucket(t_ns: int, t0: int, width_s: float, num: int) -> int:
-    """The timeline bucket of a time: the first or last for times outside the run."""
-    return min(max(int((t_ns - t0) / 1e9 / width_s), 0), num - 1)
+def per_bucket(times_ns, weights, t0: int, width_s: float, num: int) -> np.ndarray:
+    """Σ weights of the events in each time bucket; times outside the run go to the end ones."""
+    seconds = (np.asarray(times_ns, dtype=float) - t0) / 1e9
+    index = np.clip(seconds // width_s, 0, num - 1).astype(int)
+    return np.bincount(index, weights=np.asarray(weights, dtype=float), minlength=num)
 
 
-def timeline(run: RunData) -> list[Figure]:
-    """Panels over the run's time: tokens/s, sequences, KV blocks, prefix hits, telemetry."""
+def _panel(title: str, y_label: str, end_s: float, height_in: float = 2.2) -> tuple[Figure, Axes]:
+    """A full-width panel over the run's time, with fixed margins so the panels line up."""
+    figure, ax = new_axes((WIDE_IN, height_in), title, "time (s)", y_label, constrained=False)
+    figure.subplots_adjust(
+        left=0.8 / WIDE_IN, right=1 - 0.2 / WIDE_IN, bottom=0.5 / height_in, top=1 - 0.4 / height_in
+    )
+    ax.set_xlim(0, end_s)
+    return figure, ax
+
+
+def _finish(ax: Axes, handles: list | None = None) -> None:
+    """The y axis from zero, and the legend in one row above the plot, right of the title."""
+    ax.set_ylim(bottom=0)
+    handles = handles or ax.get_legend_handles_labels()[0]
+    ax.legend(
+        handles=handles,
+        loc="lower right",
+        bbox_to_anchor=(1, 1),
+        ncols=len(handles),
+        frameon=False,
+        borderaxespad=0.2,
+    )
+
+
+def _points(ax: Axes, xs, ys, text: str, **style) -> None:
+    """A marker per known (x, y), hovering `text` formatted with them; None values skipped."""
+    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+    marks = ax.scatter([x for x, _ in pairs], [y for _, y in pairs], zorder=3, **style)
+    hover(marks, [text.format(x=x, y=y) for x, y in pairs])
+
+
+@styled
+def timeline(run: RunData) -> list[Plot]:
+    """Panels over the run's time: tokens/s, sequences, KV blocks, utilisation, prefix hits,
+    telemetry."""
     t0 = run.t0_ns
     chunks = [(t, k) for r in run.requests for t, k in zip(r.chunk_ns, r.chunk_tokens, strict=True)]
-    ends = [r.end_ns for r in run.requests if r.end_ns] + [s["t_end_ns"] for s in run.steps]
     if not chunks and not run.steps:
         return []
-    span_s = max((max(ends, default=t0) - t0) / 1e9, 1e-3)
-    width_s = _buckets(span_s)
-    num = int(span_s / width_s) + 1
-    centres = [(i + 0.5) * width_s for i in range(num)]
-    x = Scale(0.0, num * width_s)
-    figures = []
+    width_s, num = time_buckets(run)
+    edges = np.arange(num + 1) * width_s
+    centres = (edges[:-1] + edges[1:]) / 2
+    plots = []
 
     # Tokens/s: output tokens by arrival; prefill tokens by engine step.
-    out = [0.0] * num
-    for t, k in chunks:
-        out[_bucket(t, t0, width_s, num)] += k / width_s
-    prefill = [0.0] * num
-    for s in run.steps:
-        if s.get("num_prefill_tokens"):
-            i = _bucket(s["t_end_ns"], t0, width_s, num)
-            prefill[i] += s["num_prefill_tokens"] / width_s
-    chart = Chart(
-        "Throughput", "time (s)", "tokens/s", x, Scale.fit(out + prefill), width=760, height=240
-    )
-    chart.line(centres, out, BLUE, "output tokens/s", step=True)
+    figure, ax = _panel("Throughput", "tokens/s", edges[-1])
+    ax.yaxis.set_major_formatter(SI_TICKS)
+    out = per_bucket([t for t, _ in chunks], [k for _, k in chunks], t0, width_s, num)
+    ax.stairs(out / width_s, edges, color=BLUE, lw=1.6, label="output tokens/s")
+    prefill = [s.get("num_prefill_tokens", 0) for s in run.steps]
     if any(prefill):
-        chart.line(centres, prefill, ORANGE, "prefill tokens/s (engine)", step=True)
-    figures.append(
-        Figure(
-            "timeline-tokens",
-            chart.svg(),
-            f"In {width_s:g} s buckets from the first measured send.",
-        )
-    )
+        prefill_per_s = per_bucket([s["t_end_ns"] for s in run.steps], prefill, t0, width_s, num)
+        ax.stairs(prefill_per_s / width_s, edges, color=ORANGE, lw=1.6, label="prefill tokens/s")
+    _finish(ax)
+    caption = f"In {width_s:g} s buckets from the first measured send; prefill from engine steps."
+    plots.append(Plot("timeline-tokens", figure, caption))
 
     # Sequences: running and waiting per engine step; requests in flight from the client.
-    in_flight = _in_flight(run, t0, centres)
     engine_steps = [s for s in run.steps if "context_lens" in s]
     step_ts = [(s["t_end_ns"] - t0) / 1e9 for s in engine_steps]
-    running = [len(s["context_lens"]) for s in engine_steps]
-    waiting = [s.get("num_waiting", 0) for s in engine_steps]
-    chart = Chart(
-        "Sequences",
-        "time (s)",
-        "sequences",
-        x,
-        Scale.fit(in_flight + running + waiting),
-        width=760,
-        height=240,
-    )
-    chart.line(centres, in_flight, PURPLE, "requests in flight (client)", step=True)
+    spans = [((r.sent_ns - t0) / 1e9, (r.end_ns - t0) / 1e9) for r in run.requests if r.end_ns]
+    figure, ax = _panel("Sequences", "sequences", edges[-1])
+    in_flight = [sum(1 for a, b in spans if a <= c < b) for c in centres]
+    ax.stairs(in_flight, edges, color=PURPLE, label="requests in flight (client)")
     if engine_steps:
-        chart.line(step_ts, running, BLUE, "running (engine)", step=True, width=1.2)
-        chart.line(step_ts, waiting, ORANGE, "waiting (engine)", step=True, width=1.2)
-    figures.append(
-        Figure(
-            "timeline-sequences",
-            chart.svg(),
-            "Sequences the engine ran and kept waiting in each step; requests the client had open.",
-        )
+        running = [len(s["context_lens"]) for s in engine_steps]
+        waiting = [s.get("num_waiting", 0) for s in engine_steps]
+        ax.step(step_ts, running, where="post", color=BLUE, lw=1.2, label="running (engine)")
+        ax.step(step_ts, waiting, where="post", color=ORANGE, lw=1.2, label="waiting (engine)")
+    _finish(ax)
+    caption = (
+        "Sequences the engine ran and kept waiting in each step; requests the client had open."
     )
+    plots.append(Plot("timeline-sequences", figure, caption))
 
     if engine_steps and engine_steps[0].get("num_blocks_total"):
+        figure, ax = _panel("KV cache", "blocks in use (%)", edges[-1], 2.0)
         used = [100 * s["num_blocks_used"] / s["num_blocks_total"] for s in engine_steps]
-        chart = Chart(
-            "KV cache", "time (s)", "blocks in use (%)", x, Scale(0.0, 100.0), width=760, height=200
-        )
-        chart.line(
-            step_ts, used, GREEN, f"of {engine_steps[0]['num_blocks_total']} blocks", step=True
-        )
-        preempted = [
-            (t, s["num_preempted"])
-            for t, s in zip(step_ts, engine_steps, strict=True)
-            if s.get("num_preempted")
-        ]
-        if preempted:
-            chart.points(
-                [t for t, _ in preempted],
-                [100.0 * 0.97] * len(preempted),
-                RED,
-                f"preemptions ({sum(n for _, n in preempted)})",
+        label = f"of {engine_steps[0]['num_blocks_total']} blocks"
+        ax.step(step_ts, used, where="post", color=GREEN, label=label)
+        preempted = [s.get("num_preempted", 0) for s in engine_steps]
+        if any(preempted):
+            _points(
+                ax,
+                step_ts,
+                [97.0 if n else None for n in preempted],
+                "{x:.3f} s: preempted",
+                color=RED,
+                marker="v",
+                label=f"preemptions ({sum(preempted)})",
             )
-        figures.append(
-            Figure(
-                "timeline-kv",
-                chart.svg(),
-                "KV blocks held by sequences and the prefix cache's live blocks.",
-            )
-        )
+        ax.set_ylim(0, 100)
+        _finish(ax)
+        caption = "KV blocks held by sequences and the prefix cache's live blocks."
+        plots.append(Plot("timeline-kv", figure, caption))
 
     utilization = _utilization(run, t0, width_s, num)
     if utilization is not None:
-        chart = Chart(
-            "Utilisation over time",
-            "time (s)",
-            "share of the measured roof",
-            x,
-            Scale.fit([v for series in utilization.values() for v in series if v is not None]),
-            width=760,
-            height=220,
-        )
+        figure, ax = _panel("Utilisation over time", "share of the roof", edges[-1])
         for (label, series), colour in zip(utilization.items(), (BLUE, ORANGE), strict=False):
-            chart.points(centres, series, colour, label)  # buckets without steps: None, skipped
-        figures.append(
-            Figure(
-                "timeline-utilisation",
-                chart.svg(),
-                "Per bucket: Σ bytes / Σ time of its decode-only steps over the read roof (MBU), "
-                "and Σ FLOPs / Σ time of its steps with prompt tokens over the matmul roof (MFU).",
-            )
+            text = "{x:.2f} s: " + label + " {y:.3f}"
+            _points(ax, centres, series, text, color=colour, s=18, label=label)
+        _finish(ax)
+        caption = (
+            "Per bucket: Σ bytes / Σ time of its decode-only steps over the read roof (MBU), "
+            "and Σ FLOPs / Σ time of its steps with prompt tokens over the matmul roof (MFU)."
         )
+        plots.append(Plot("timeline-utilisation", figure, caption))
 
-    hits = _prefix_hits(run, t0, width_s, num)
-    if hits is not None:
-        chart = Chart(
-            "Prefix-cache hits",
-            "time (s)",
-            "cached / prompt tokens",
-            x,
-            Scale(0.0, 1.0),
-            width=760,
-            height=200,
+    if any(r.cached_tokens for r in run.requests):
+        reporting = [r for r in run.requests if r.cached_tokens is not None]
+        sent = [r.sent_ns for r in reporting]
+        prompt = [r.server_prompt_tokens or r.num_prompt_tokens for r in reporting]
+        prompt_sums = per_bucket(sent, prompt, t0, width_s, num)
+        cached_sums = per_bucket(sent, [r.cached_tokens for r in reporting], t0, width_s, num)
+        hits = [c / p if p else None for c, p in zip(cached_sums, prompt_sums, strict=True)]
+        figure, ax = _panel("Prefix-cache hits", "cached / prompt tokens", edges[-1], 2.0)
+        _points(
+            ax,
+            centres,
+            hits,
+            "{x:.2f} s: hit rate {y:.2f}",
+            color=GREEN,
+            s=18,
+            label="hit rate of requests sent",
         )
-        chart.points(centres, hits, GREEN, "hit rate of requests sent")  # None: nothing sent
-        figures.append(
-            Figure(
-                "timeline-prefix",
-                chart.svg(),
-                "Prompt tokens served from the prefix cache, by send time.",
-            )
-        )
+        ax.set_ylim(0, 1.02)
+        _finish(ax)
+        caption = "Prompt tokens served from the prefix cache, by send time."
+        plots.append(Plot("timeline-prefix", figure, caption))
 
     if run.telemetry:
-        figures.append(_telemetry(run, t0, x))
-    return figures
-
-
-def _in_flight(run: RunData, t0: int, centres: list[float]) -> list[float]:
-    spans = [((r.sent_ns - t0) / 1e9, (r.end_ns - t0) / 1e9) for r in run.requests if r.end_ns]
-    return [float(sum(1 for a, b in spans if a <= c < b)) for c in centres]
+        plots.append(_telemetry(run, t0, edges[-1]))
+    return plots
 
 
 def _utilization(
     run: RunData, t0: int, width_s: float, num: int
 ) -> dict[str, list[float | None]] | None:
-    """Decode MBU and prefill (+ mixed) MFU per time bucket; None without roofs or steps."""
+    """Decode MBU and prefill (+ mixed) MFU per time bucket; None without roofs or steps.
+
+    Formula: MBU = Σ bytes / Σ seconds of the bucket's decode steps / read roof;
+    MFU = Σ FLOPs / Σ seconds of its other steps / matmul roof; None where Σ seconds = 0."""
     roofs = (run.results.get("roofline") or {}).get("roofs")
     if not roofs or not run.steps:
         return None
-    # Per bucket: [decode bytes, decode seconds, prompt-step FLOPs, prompt-step seconds]
-    sums = [[0.0, 0.0, 0.0, 0.0] for _ in range(num)]
-    for step in run.steps:
-        i = _bucket(step["t_end_ns"], t0, width_s, num)
-        seconds = (step["t_end_ns"] - step["t_start_ns"]) / 1e9
-        if step["phase"] == "decode":
-            sums[i][0] += step["bytes"]
-            sums[i][1] += seconds
-        else:
-            sums[i][2] += step["flops"]
-            sums[i][3] += seconds
-    return {
-        "decode MBU": [b / t / roofs["read_bytes_per_s"] if t > 0 else None for b, t, _, _ in sums],
-        "prefill and mixed MFU": [
-            f / t / roofs["flops_per_s"] if t > 0 else None for _, _, f, t in sums
-        ],
-    }
+    ends = [s["t_end_ns"] for s in run.steps]
+    decode = np.array([s["phase"] == "decode" for s in run.steps])
+    seconds = np.array([(s["t_end_ns"] - s["t_start_ns"]) / 1e9 for s in run.steps])
 
+    def rate(key: str, mask: np.ndarray, roof: float) -> list[float | None]:
+        amount = per_bucket(ends, [s[key] for s in run.steps] * mask, t0, width_s, num)
+        time_s = per_bucket(ends, seconds * mask, t0, width_s, num)
+        return [a / t / roof if t > 0 else None for a, t in zip(amount, time_s, strict=True)]
 
-def _prefix_hits(run: RunData, t0: int, width_s: float, num: int) -> list[float | None] | None:
-    if not any(r.cached_tokens for r in run.requests):
-        return None
-    prompt, cached = [0] * num, [0] * num
-    for r in run.requests:
-        if r.cached_tokens is None:
-            continue
-        i = _bucket(r.sent_ns, t0, width_s, num)
-        prompt[i] += r.server_prompt_tokens or r.num_prompt_tokens
-        cached[i] += r.cached_tokens
-    return [c / p if p else None for c, p in zip(cached, prompt, strict=True)]
+    shares = {"decode MBU": rate("bytes", decode, roofs["read_bytes_per_s"])}
+    if roofs["flops_per_s"]:  # a matmul rate not measured: no MFU
+        shares["prefill and mixed MFU"] = rate("flops", ~decode, roofs["flops_per_s"])
+    return shares
 
 
 _TELEMETRY_SERIES = (
@@ -374,29 +354,27 @@ _TELEMETRY_SERIES = (
 )
 
 
-def _telemetry(run: RunData, t0: int, x: Scale) -> Figure:
+def _telemetry(run: RunData, t0: int, end_s: float) -> Plot:
+    """CPU and GPU use over the run; the RSS and power peaks in the caption."""
     rows = run.telemetry
-    ts = [(row["t_ns"] - t0) / 1e9 for row in rows]
-    present = [(key, label, c) for key, label, c in _TELEMETRY_SERIES if key in rows[0]]
-    values = [row.get(key, 0.0) for row in rows for key, _, _ in present]
-    chart = Chart("Telemetry", "time (s)", "percent", x, Scale.fit(values), width=760, height=220)
-    for key, label, colour in present:
-        chart.line(ts, [row.get(key, math.nan) for row in rows], colour, label, width=1.2)
+    ts = np.array([(row["t_ns"] - t0) / 1e9 for row in rows])
+    figure, ax = _panel("Telemetry", "percent", end_s)
+    for key, label, colour in _TELEMETRY_SERIES:
+        if key in rows[0]:
+            ax.plot(ts, [row.get(key, math.nan) for row in rows], color=colour, lw=1.2, label=label)
+    _finish(ax)
     extra = []
     if "rss_bytes" in rows[0]:
         extra.append(f"RSS max {si(max(row['rss_bytes'] for row in rows), 'B')}")
     if "power_w" in rows[0]:
         extra.append(f"power max {max(row['power_w'] for row in rows):.0f} W")
-    caption = f"Sampled every ~{_median_gap_s(ts) * 1e3:.0f} ms. " + "; ".join(extra)
-    return Figure("timeline-telemetry", chart.svg(), caption)
+    gap_s = float(np.median(np.diff(ts))) if len(ts) > 1 else 0.0
+    caption = f"Sampled every ~{gap_s * 1e3:.0f} ms. " + "; ".join(extra)
+    return Plot("timeline-telemetry", figure, caption)
 
 
-def _median_gap_s(ts: list[float]) -> float:
-    gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False))
-    return gaps[len(gaps) // 2] if gaps else 0.0
-
-
-def session_waterfall(run: RunData, max_sessions: int = 40) -> Figure | None:
+@styled
+def session_waterfall(run: RunData, max_sessions: int = 40) -> Plot | None:
     """One row per session: each request's wait for the first token, then its decode, and the
     tool / think time between them as the gaps."""
     by_session: dict[str, list] = {}
@@ -406,74 +384,70 @@ def session_waterfall(run: RunData, max_sessions: int = 40) -> Figure | None:
         return None
     t0 = run.t0_ns
     ids = sorted(by_session, key=lambda s: min(r.sent_ns for r in by_session[s]))[:max_sessions]
-    end_s = max((r.end_ns - t0) / 1e9 for s in ids for r in by_session[s] if r.end_ns)
-    row_px = 14
-    legend_rows = 4
-    chart = Chart(
-        "Sessions",
-        "time (s)",
-        "session",
-        Scale(0.0, end_s * 1.02),
-        Scale(-0.5 - legend_rows, len(ids) - 0.5),  # empty rows at the bottom: the legend
-        width=760,
-        height=110 + row_px * (len(ids) + legend_rows),
-        legend_at_bottom=True,
-        y_tick_labels={float(len(ids) - 1 - row): s for row, s in enumerate(ids)},
-    )
+    width_s, num = time_buckets(run)  # the timeline's x range: the panels line up
+    figure, ax = _panel("Sessions", "session", width_s * num, 0.9 + 0.22 * len(ids))
+    spans = []  # (row, start s, end s, colour, hover text)
     for row, session in enumerate(ids):
-        y = len(ids) - 1 - row  # first session on top
         for r in by_session[session]:
             sent, end = (r.sent_ns - t0) / 1e9, (r.end_ns - t0) / 1e9
             first = (r.chunk_ns[0] - t0) / 1e9 if r.chunk_ns else end
-            chart.span(sent, first, y, row_px * 0.7, ORANGE)
+            wait_ms, decode_ms = (first - sent) * 1e3, (end - first) * 1e3
+            spans.append(
+                (row, sent, first, ORANGE, f"{r.request_id}: first token {wait_ms:.1f} ms")
+            )
             if r.end_ns:
-                chart.span(first, end, y, row_px * 0.7, BLUE if r.ok else RED)
-    chart.legend_entry("sent → first token", ORANGE)
-    chart.legend_entry("first token → end", BLUE)
+                text = f"{r.request_id}: {r.num_output_tokens} tokens in {decode_ms:.1f} ms"
+                spans.append((row, first, end, BLUE if r.ok else RED, text))
+    rows, starts, stops, colours, texts = zip(*spans, strict=True)
+    bars = ax.barh(
+        rows, np.subtract(stops, starts), left=starts, height=0.7, color=colours, edgecolor=colours
+    )
+    hover(bars, texts)
+    legend = [
+        Patch(color=ORANGE, label="sent → first token"),
+        Patch(color=BLUE, label="first token → end"),
+    ]
     if any(not r.ok for r in run.requests):
-        chart.legend_entry("failed request", RED)
+        legend.append(Patch(color=RED, label="failed request"))
+    _finish(ax, legend)
+    ax.set_yticks(range(len(ids)), labels=ids)
+    ax.set_ylim(len(ids) - 0.5, -0.5)  # first session on top
+    ax.grid(axis="y", visible=False)
     shown = f"the first {len(ids)} of {len(by_session)}" if len(by_session) > len(ids) else "all"
     caption = (
         f"Sessions in order of their start ({shown}); the gaps between a session's "
         "requests are tool latency or think time."
     )
-    return Figure("sessions", chart.svg(), caption)
+    return Plot("sessions", figure, caption)
 
 
-def sweep_curves(points: list[RunData]) -> list[Figure]:
+@styled
+def sweep_curves(points: list[RunData]) -> list[Plot]:
     """Latency against throughput, one marker per sweep point, labelled with its load."""
     if len(points) < 2:
         return []
     throughput = [p.summary["output_tok_per_s"] or 0.0 for p in points]
-    figures = []
+    plots = []
     for name in ("ttft_ms", "tpot_ms"):
-        series = [("p50", GREEN), ("p99", RED)]
-        ys = {q: [p.summary[name][q] for p in points] for q, _ in series}
-        values = [v for vs in ys.values() for v in vs if v is not None]
-        if not values:
+        if all(p.summary[name]["p50"] is None for p in points):
             continue
-        chart = Chart(
-            f"{name} vs throughput",
-            "output tokens/s",
-            f"{name} (ms)",
-            Scale.fit([*throughput, 1.1 * max(throughput)]),  # room for the last label
-            Scale.fit(values),
-            width=470,
-            height=300,
-            legend_at_bottom=True,  # latency rises with throughput: bottom-right stays empty
-        )
-        for q, colour in series:
-            pairs = [(t, v) for t, v in zip(throughput, ys[q], strict=True) if v is not None]
-            chart.line([t for t, _ in pairs], [v for _, v in pairs], colour, q)
-            chart.points([t for t, _ in pairs], [v for _, v in pairs], colour)
-        for t, v, p in zip(throughput, ys["p50"], points, strict=True):
-            if v is not None:
-                chart.label(t, v, f"{p.results.get('sweep_point'):g}")
-        figures.append(
-            Figure(
-                f"sweep-{name}",
-                chart.svg(),
-                "Each marker is one sweep point, labelled with its rate or concurrency.",
-            )
-        )
-    return figures
+        title = f"{name} vs throughput"
+        figure, ax = new_axes((5.9, 3.6), title, "output tokens/s", f"{name} (ms)")
+        for q, colour in (("p50", GREEN), ("p99", RED)):
+            known = [
+                (t, p)
+                for t, p in zip(throughput, points, strict=True)
+                if p.summary[name][q] is not None
+            ]
+            ys = [p.summary[name][q] for _, p in known]
+            ax.plot([t for t, _ in known], ys, color=colour, label=q)
+            text = "{x:.1f} tok/s: " + q + " {y:.1f} ms"
+            _points(ax, [t for t, _ in known], ys, text, color=colour, s=22)
+            for (t, p), y in zip(known, ys if q == "p50" else [], strict=False):
+                load = f"{p.results.get('sweep_point'):g}"
+                ax.annotate(load, (t, y), xytext=(4, 4), textcoords="offset points")
+        ax.set(xlim=(0, 1.1 * max(throughput) or 1.0), ylim=(0, None))  # room for the labels
+        ax.legend(loc="upper left")  # latency rises with throughput: the top left stays empty
+        caption = "Each marker is one sweep point, labelled with its rate or concurrency."
+        plots.append(Plot(f"sweep-{name}", figure, caption))
+    return plots

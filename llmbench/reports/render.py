@@ -1,4 +1,5 @@
-"""Write `report.html` and `report.md` into a run folder (or a sweep folder) from its files."""
+"""Write `report.html` (+ `figures/*.png`) and `report.md` into a run or sweep folder from its
+files."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def write_reports(folder: Path) -> tuple[Path, Path]:
     """Render both reports of `folder`; a sweep folder gets the sweep's and every point's."""
     if (folder / "results.json").is_file():
         run = rundata.load(folder)
-        html, markdown = html_report.render(run), markdown_report.render(run)
+        page, markdown = html_report.render(run), markdown_report.render(run)
     else:
         points = rundata.sweep_points(folder)
         if not points:
@@ -22,9 +23,8 @@ def write_reports(folder: Path) -> tuple[Path, Path]:
             )
         for point in points:
             write_reports(point.folder)
-        html = html_report.render_sweep(folder.name, points)
+        page = html_report.render_sweep(folder.name, points)
         markdown = markdown_report.render_sweep(folder.name, points)
-    html_path, md_path = folder / "report.html", folder / "report.md"
-    html_path.write_text(html)
+    md_path = folder / "report.md"
     md_path.write_text(markdown + "\n")
-    return html_path, md_path
+    return page.write(folder / "report.html"), md_path

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from llmbench.harness import metrics
 from llmbench.reports.rundata import RunData
-from llmbench.reports.svg import si
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
 QUANTILES = ("mean", "p50", "p90", "p95", "p99", "max")
+
+
+def si(value: float, unit: str = "") -> str:
+    """1234 → '1.23k', 2.5e12 → '2.5T' (three significant digits), with an optional unit."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}{unit}"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{prefix}{unit}"
+    if abs(value) >= 1e-3 or unit == "":
+        return f"{value:.3g}{unit}"
+    return f"{value:.2e}{unit}"
 
 
 def num(value: float | None, digits: int = 1) -> str:
@@ -84,6 +96,9 @@ def latency_rows(run: RunData) -> list[list[str]]:
     return rows
 
 
+PHASE_HEADER = ("phase", "steps", "seconds", "bandwidth", "compute", "FLOP/B", "MBU", "MFU")
+
+
 def phase_rows(run: RunData) -> list[list[str]]:
     """Per-phase roofline numbers: steps, time, achieved bandwidth and FLOP/s, MBU, MFU."""
     roof = run.results.get("roofline") or {}
@@ -111,17 +126,16 @@ def roofs(run: RunData) -> list[tuple[str, str]]:
     """The roofs the run is placed under, with where they come from."""
     roof = run.results.get("roofline") or {}
     out = []
-    for key in ("roofs", "datasheet_roofs"):
-        r = roof.get(key)
-        if r:
-            out.append(
-                (
-                    r["label"],
-                    f"{si(r['read_bytes_per_s'], 'B/s')} read, "
-                    f"{si(r['flops_per_s'], 'FLOP/s')} {roof.get('dtype', '')} matmul",
-                )
-            )
+    dtype = roof.get("dtype", "")
+    for r in (roof.get("roofs"), roof.get("datasheet_roofs")):
+        if not r:
+            continue
+        flops = si(r["flops_per_s"], "FLOP/s") if r["flops_per_s"] else "(not measured)"
+        out.append((r["label"], f"{si(r['read_bytes_per_s'], 'B/s')} read, {flops} {dtype} matmul"))
     return out
+
+
+SLO_HEADER = ("SLO", "limit", "met", "share")
 
 
 def slo_rows(run: RunData) -> list[list[str]]:

@@ -1,4 +1,4 @@
-"""`llmbench roofline --html`: the what-if table as plots (from its JSON alone).
+"""`llmbench roofline --html`: the what-if table as a page of figures (from its JSON alone).
 
 Three figures: the predicted decode steps on the roofline, decode tokens/s against batch, and
 the TPOT bound against batch, one line per context length.
@@ -6,12 +6,14 @@ the TPOT bound against batch, one line per context length.
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
 
-from llmbench.reports.html_report import figures_html, page, table
-from llmbench.reports.plots import Figure, draw_roof
-from llmbench.reports.svg import PALETTE, Chart, Scale, si
+import numpy as np
+
+from llmbench.reports.figure import PALETTE, Plot, hover, new_axes, styled
+from llmbench.reports.html_report import Page, render_page
+from llmbench.reports.roofline_axes import draw_roof, log_axes, marker_area, scatter_legend
+from llmbench.reports.tables import si
 
 
 def _by_context(points: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -21,60 +23,65 @@ def _by_context(points: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]
     return out
 
 
-def _roofline(result: dict[str, Any]) -> Figure:
+def _attainable_flops_per_s(point: dict[str, Any]) -> float:
+    return point["flops_per_step"] / (point["decode_step_ms"] / 1e3)
+
+
+@styled
+def roofline(result: dict[str, Any]) -> Plot:
+    """Every (context, batch) decode step at the bound the roofs allow, on the roofline."""
     bandwidth, peak = result["peak_bytes_per_s"], result["peak_flops_per_s"]
     ridge = peak / bandwidth
     points = result["points"]
-    intensity = [p["arithmetic_intensity"] for p in points]
-    achievable = [p["flops_per_step"] / (p["decode_step_ms"] / 1e3) for p in points]
-    chart = Chart(
-        "Decode steps on the roofline",
-        "arithmetic intensity (FLOP/byte)",
-        "attainable FLOP/s",
-        Scale.fit([*intensity, ridge, ridge * 4], is_log=True),
-        Scale.fit([*achievable, peak], is_log=True),
-        width=760,
-        height=440,
-        legend_at_bottom=True,
+    title, x_label = "Decode steps on the roofline", "arithmetic intensity (FLOP/byte)"
+    figure, ax = new_axes((7.4, 4.6), title, x_label, "attainable FLOP/s")
+    log_axes(
+        ax,
+        [*(p["arithmetic_intensity"] for p in points), ridge, ridge * 4],
+        [*map(_attainable_flops_per_s, points), peak],
     )
-    draw_roof(chart, result["hardware"], bandwidth, peak)
+    draw_roof(ax, result["hardware"], bandwidth, peak)
     for colour, (context, rows) in zip(PALETTE, _by_context(points).items(), strict=False):
-        chosen = [points.index(r) for r in rows]
-        chart.points(
-            [intensity[i] for i in chosen],
-            [achievable[i] for i in chosen],
-            colour,
-            f"context {context}",
-            radii=[3 + r["batch"] ** 0.5 for r in rows],
+        xs = [r["arithmetic_intensity"] for r in rows]
+        ys = [_attainable_flops_per_s(r) for r in rows]
+        batch = np.array([r["batch"] for r in rows])
+        marks = ax.scatter(xs, ys, s=marker_area(batch), color=colour, label=f"context {context}")
+        hover(
+            marks,
+            [
+                f"context {context}, batch {r['batch']}: {r['decode_step_ms']:.3g} ms per step, "
+                f"{r['decode_tok_per_s']:,.0f} tok/s, {r['bound']}-bound"
+                for r in rows
+            ],
         )
-        for i, r in zip(chosen, rows, strict=True):
-            chart.label(intensity[i], achievable[i], f"B={r['batch']}", colour)
+        for x, y, b in zip(xs, ys, batch, strict=True):
+            ax.annotate(f"B={b}", (x, y), xytext=(5, 4), textcoords="offset points", color=colour)
+    scatter_legend(ax)
     caption = (
         "Each point is one decode step of B sequences at the given context, at the bound the "
         "roofs allow: on the slanted roof it is memory-bound, on the flat one compute-bound."
     )
-    return Figure("whatif-roofline", chart.svg(), caption)
+    return Plot("whatif-roofline", figure, caption)
 
 
-def _against_batch(result: dict[str, Any], key: str, title: str, unit: str) -> Figure:
+@styled
+def against_batch(result: dict[str, Any], key: str, title: str, unit: str) -> Plot:
+    """One predicted quantity against the decode batch, a line per context, the ridge dashed."""
     groups = _by_context(result["points"])
-    batches = [p["batch"] for p in result["points"]]
-    values = [p[key] for p in result["points"]]
-    chart = Chart(
-        title,
-        "decode batch",
-        unit,
-        Scale.fit(batches, is_log=True),
-        Scale.fit(values, is_log=True),
-        width=470,
-        height=320,
-    )
+    figure, ax = new_axes((5.9, 3.6), title, "decode batch", unit)
+    log_axes(ax, [p["batch"] for p in result["points"]], [p[key] for p in result["points"]])
     for colour, (context, rows) in zip(PALETTE, groups.items(), strict=False):
-        chart.line([r["batch"] for r in rows], [r[key] for r in rows], colour, f"context {context}")
-        chart.points([r["batch"] for r in rows], [r[key] for r in rows], colour)
+        xs, ys = [r["batch"] for r in rows], [r[key] for r in rows]
+        ax.plot(xs, ys, color=colour, label=f"context {context}")
+        marks = ax.scatter(xs, ys, color=colour, s=18, zorder=3)
+        hover(
+            marks,
+            [f"context {context}, batch {x}: {y:.4g} {unit}" for x, y in zip(xs, ys, strict=True)],
+        )
         ridge = rows[0]["ridge_batch"]
-        if ridge is not None and chart.x.lo <= ridge <= chart.x.hi:
-            chart.line([ridge, ridge], [chart.y.lo, chart.y.hi], colour, dash="2 3", width=1)
+        if ridge is not None and ax.get_xlim()[0] <= ridge <= ax.get_xlim()[1]:
+            ax.axvline(ridge, color=colour, linestyle="--", linewidth=1)
+    ax.legend(loc="best")
     if any(rows[0]["ridge_batch"] for rows in groups.values()):
         caption = "Dashed: the batch where decode turns compute-bound (the ridge), per context."
     else:
@@ -82,15 +89,16 @@ def _against_batch(result: dict[str, Any], key: str, title: str, unit: str) -> F
             "No batch up to 65,536 makes decode compute-bound at these contexts: each sequence "
             "brings its own KV traffic, so FLOPs and bytes grow together."
         )
-    return Figure(f"whatif-{key}", chart.svg(), caption)
+    return Plot(f"whatif-{key}", figure, caption)
 
 
-def render(result: dict[str, Any]) -> str:
-    title = f"llmbench roofline: {result['model']} on {result['hardware']}"
-    header = (
-        f"{result['dtype']} weights, {result['kv_dtype']} KV cache, tp={result['tp']}; "
-        f"{si(result['peak_bytes_per_s'], 'B/s')}, {si(result['peak_flops_per_s'], 'FLOP/s')}"
-    )
+def render(result: dict[str, Any]) -> Page:
+    """The what-if page; `.write(path)` saves it with its figures as PNGs beside it."""
+    figures = [
+        roofline(result),
+        against_batch(result, "decode_tok_per_s", "Decode tokens/s (bound)", "tokens/s"),
+        against_batch(result, "tpot_ms_bound", "TPOT bound", "ms per token"),
+    ]
     rows = [
         [
             str(p["context"]),
@@ -104,20 +112,13 @@ def render(result: dict[str, Any]) -> str:
         ]
         for p in result["points"]
     ]
-    figures = [
-        _roofline(result),
-        _against_batch(result, "decode_tok_per_s", "Decode tokens/s (bound)", "tokens/s"),
-        _against_batch(result, "tpot_ms_bound", "TPOT bound", "ms per token"),
-    ]
-    return page(
-        title,
-        [
-            f"<h1>{escape(title)}</h1>",
-            f'<p class="sub">{escape(header)}</p>',
-            figures_html(figures),
-            table(
-                ("context", "batch", "step ms", "tok/s", "bound", "FLOP/B", "TTFT ms", "ridge B"),
-                rows,
-            ),
-        ],
+    return render_page(
+        "whatif.html.j2",
+        figures,
+        title=f"llmbench roofline: {result['model']} on {result['hardware']}",
+        subtitle=f"{result['dtype']} weights, {result['kv_dtype']} KV cache, tp={result['tp']}; "
+        f"{si(result['peak_bytes_per_s'], 'B/s')}, {si(result['peak_flops_per_s'], 'FLOP/s')}",
+        plots=figures,
+        header=("context", "batch", "step ms", "tok/s", "bound", "FLOP/B", "TTFT ms", "ridge B"),
+        rows=rows,
     )

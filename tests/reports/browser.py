@@ -60,6 +60,7 @@ class PageReport:
     screenshot_bytes: int  # size of the full-page PNG written to screenshot_path
     page_height: float  # <html>'s rendered height in CSS px at a 1280 px wide viewport
     title: str
+    evaluated: Any = None  # the value of the `expression` passed in, if any
 
 
 def find_chromium() -> str:
@@ -74,9 +75,14 @@ def find_chromium() -> str:
 
 
 def open_in_chromium(
-    html_path: Path, selector: str, screenshot_path: Path, timeout_s: float = 30
+    html_path: Path,
+    selector: str,
+    screenshot_path: Path,
+    timeout_s: float = 30,
+    expression: str | None = None,
 ) -> PageReport:
-    """Load `html_path` in headless Chromium; measure `selector`'s elements; save a PNG.
+    """Load `html_path` in headless Chromium; measure `selector`'s elements; evaluate the
+    JavaScript `expression` (a value JSON can carry) in the loaded page; save a PNG.
 
     Raises TimeoutError if the browser does not start, load and answer within `timeout_s`.
     """
@@ -115,7 +121,8 @@ def open_in_chromium(
     try:
         return asyncio.run(
             _deadline(
-                _drive(process, user_data_dir, html_path, selector, screenshot_path), timeout_s
+                _drive(process, user_data_dir, html_path, selector, screenshot_path, expression),
+                timeout_s,
             )
         )
     except asyncio.TimeoutError:
@@ -137,6 +144,7 @@ async def _drive(
     html_path: Path,
     selector: str,
     screenshot_path: Path,
+    expression: str | None,
 ) -> PageReport:
     port = await _devtools_port(process, user_data_dir)
     async with aiohttp.ClientSession() as http:
@@ -147,14 +155,16 @@ async def _drive(
         async with http.ws_connect(page_ws_url, max_msg_size=0) as ws:
             cdp = _Cdp(ws)
             try:
-                return await _inspect(cdp, html_path, selector, screenshot_path)
+                return await _inspect(cdp, html_path, selector, screenshot_path, expression)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(cdp.send("Browser.close"), 2)
                 await cdp.close()
 
 
-async def _inspect(cdp: _Cdp, html_path: Path, selector: str, screenshot_path: Path) -> PageReport:
+async def _inspect(
+    cdp: _Cdp, html_path: Path, selector: str, screenshot_path: Path, expression: str | None
+) -> PageReport:
     for domain in ("Page", "Runtime", "Log", "Network"):
         await cdp.send(f"{domain}.enable")
     await cdp.send(
@@ -182,6 +192,14 @@ async def _inspect(cdp: _Cdp, html_path: Path, selector: str, screenshot_path: P
             f"measuring {selector!r} failed: {_exception_text(measured['exceptionDetails'])}"
         )
     value = measured["result"]["value"]
+    evaluated = None
+    if expression is not None:
+        reply = await cdp.send(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True}
+        )
+        if "exceptionDetails" in reply:
+            raise ValueError(f"evaluating failed: {_exception_text(reply['exceptionDetails'])}")
+        evaluated = reply["result"].get("value")
 
     shot = await cdp.send(
         "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}
@@ -205,6 +223,7 @@ async def _inspect(cdp: _Cdp, html_path: Path, selector: str, screenshot_path: P
         screenshot_bytes=len(png),
         page_height=float(value["pageHeight"]),
         title=value["title"],
+        evaluated=evaluated,
     )
 
 

@@ -36,6 +36,22 @@ def test_measures_inline_svg_figures_without_errors_or_requests(tmp_path: Path) 
     assert len(png) == report.screenshot_bytes > 0
 
 
+def test_evaluates_an_expression_in_the_loaded_page(tmp_path: Path) -> None:
+    # What a hover would find: the element under a point, and the <title> of its group.
+    page = write_page(
+        tmp_path,
+        '<svg width="100" height="100"><g class="tip"><title>p50: 3 ms</title>'
+        '<rect x="0" y="0" width="100" height="100"/></g></svg>',
+    )
+    expression = "document.elementFromPoint(50, 50).closest('.tip').querySelector('title')"
+    report = open_in_chromium(
+        page, "svg", tmp_path / "shot.png", expression=f"{expression}.textContent"
+    )
+    assert report.evaluated == "p50: 3 ms"
+    with pytest.raises(ValueError, match="evaluating failed"):
+        open_in_chromium(page, "svg", tmp_path / "shot.png", expression="nope()")
+
+
 def test_reports_console_error(tmp_path: Path) -> None:
     page = write_page(tmp_path, '<script>console.error("boom")</script>')
     report = open_in_chromium(page, "svg", tmp_path / "shot.png")
