@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from llmbench.cli.options import DEVICE, DTYPE
@@ -17,6 +19,36 @@ from llmbench.cli.options import DEVICE, DTYPE
 @click.option("--kv-cache-memory", default=None, type=float)
 @click.option("--max-num-seqs", default=64, show_default=True, type=int)
 @click.option("--no-prefix-caching", is_flag=True)
+@click.option(
+    "--served-model-name",
+    default=None,
+    help="The model name clients must send (default: the --model value).",
+)
+@click.option(
+    "--api-key",
+    envvar="LLMBENCH_API_KEY",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+    "(also from $LLMBENCH_API_KEY).",
+)
+@click.option(
+    "--max-model-len",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Cap the context (prompt + max_tokens) below the model's window.",
+)
+@click.option(
+    "--record",
+    "record_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Stream every engine step, as JSON lines, to DIR/steps.jsonl while serving.",
+)
+@click.option(
+    "--vllm-metrics",
+    is_flag=True,
+    help="Also expose /metrics under vLLM's names (vllm:time_to_first_token_seconds, ...).",
+)
 def serve(
     model: str,
     host: str,
@@ -27,11 +59,24 @@ def serve(
     kv_cache_memory: float | None,
     max_num_seqs: int,
     no_prefix_caching: bool,
+    served_model_name: str | None,
+    api_key: str | None,
+    max_model_len: int | None,
+    record_dir: Path | None,
+    vllm_metrics: bool,
 ) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
+    """Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions with tool calls,
+    /v1/completions, /v1/models, /tokenize, /detokenize, /metrics, /health, /version)."""
     from llmbench.engine.engine import EngineConfig, LLMEngine
-    from llmbench.harness.serve import run_server
+    from llmbench.harness.serve import ServeConfig, run_server
 
+    config = ServeConfig(
+        served_model_name=served_model_name or model,
+        api_key=api_key or None,
+        max_model_len=max_model_len,
+        record_dir=record_dir,
+        vllm_metrics=vllm_metrics,
+    )
     engine = LLMEngine(
         EngineConfig(
             model=model,
@@ -47,12 +92,13 @@ def serve(
     click.echo(
         f"llmbench serve: {engine.source_description}, {dtype} on {engine.device}; "
         f"kv cache {kv.num_blocks} blocks x {kv.block_size} tokens "
-        f"({kv.num_bytes / 2**20:.0f} MiB)",
+        f"({kv.num_bytes / 2**20:.0f} MiB); serving it as '{config.served_model_name}'"
+        + ("; API key required" if config.api_key else ""),
         err=True,
     )
     run_server(
         engine,
-        model,
+        config,
         host=host,
         port=port,
         on_ready=lambda p: click.echo(f"listening on http://{host}:{p}/v1", err=True),

@@ -34,3 +34,6 @@ class RequestOutput:
     finish_reason: str | None  # "stop", "length", "abort" once finished
     num_prompt_tokens: int
     num_cached_tokens: int
+    # Start of the first step that ran the request (0 if none did: aborted while waiting);
+    # minus the request's arrival, it is its queue time.
+    first_scheduled_ns: int = 0

@@ -10,7 +10,7 @@ detokenized, `detokenizer.StopStringMatcher` decides what text may be streamed a
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -23,8 +23,9 @@ from llmbench.errors import UserError
 class SamplingParams:
     """Generation settings of one request (vLLM's names and meanings).
 
-    Filters apply in this order: temperature, top-k, top-p, min-p. `temperature == 0` means
-    greedy decoding, in which case the filters and `seed` are ignored.
+    `logit_bias` is added to the logits first; then the filters apply in this order:
+    temperature, top-k, top-p, min-p. `temperature == 0` means greedy decoding (the argmax of
+    the biased logits), in which case the filters and `seed` are ignored.
     """
 
     max_tokens: int = 16
@@ -45,6 +46,11 @@ class SamplingParams:
     """Token ids that end generation like EOS (the token itself is generated)."""
     ignore_eos: bool = False
     """Keep generating past the model's EOS tokens (benchmarks use it to fix output length)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to those tokens' logits before anything else, sorted by id;
+    a mapping {id: bias} is accepted and stored this way. Bias in [-100, 100] as in OpenAI's
+    API: -100 bans a token in practice, +100 forces it. The engine checks the ids against the
+    model's vocabulary, which these settings do not know."""
 
     def __post_init__(self) -> None:
         # Lists (from YAML/JSON) become tuples so the dataclass stays hashable and immutable;
@@ -52,6 +58,7 @@ class SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
 
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             _reject("max_tokens", self.max_tokens, "must be an integer >= 1")
@@ -94,6 +101,26 @@ def _reject(field: str, value: object, allowed: str) -> NoReturn:
     raise UserError(f"sampling: {field} {allowed}, got {value!r}")
 
 
+def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
+    """`logit_bias` as checked (id, bias) pairs sorted by id, from a mapping or pairs."""
+    pairs = bias.items() if isinstance(bias, Mapping) else bias
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+        _reject("logit_bias", bias, "must be a mapping of token id to bias")
+    pairs = tuple(pairs)
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            _reject("logit_bias", bias, "must be a mapping of token id to bias")
+        token_id, value = pair
+        if not _is_int(token_id) or token_id < 0:
+            _reject("logit_bias", token_id, "keys must be token ids (integers >= 0)")
+        if not _is_real(value) or not -100 <= value <= 100:
+            _reject("logit_bias", value, "values must be in [-100, 100]")
+    token_ids = [token_id for token_id, _ in pairs]
+    if len(set(token_ids)) != len(token_ids):
+        _reject("logit_bias", token_ids, "must name each token id once")
+    return tuple(sorted(pairs))
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """Create a request's generator once, at admission; `sample` then draws from it every step.
 
@@ -126,8 +153,8 @@ def sample(
             f"{len(generators)} generators"
         )
     # Greedy decoding is the common benchmark setting: one argmax kernel, no sort, no softmax.
-    # argmax is exact in any dtype, so it skips the float32 copy too.
-    token_ids = logits.argmax(dim=-1)  # [B]
+    # argmax is exact in any dtype, so it skips the float32 copy too (unless a row has a bias).
+    token_ids = apply_logit_bias(logits, params).argmax(dim=-1)  # [B]
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if not sampled_rows:
         return token_ids
@@ -149,16 +176,40 @@ def sample(
     return token_ids
 
 
-def sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Probabilities `sample` draws from: softmax(logits / T) after top-k, top-p and min-p.
+def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """`logits` with each row's `logit_bias` added, in float32; the same tensor when no row has
+    one (the common case costs nothing).
 
-    logits: `[S, V]` for non-greedy rows only. Returns `[S, V]` float32; dropped tokens are
-    exactly 0 and the kept ones are proportional to softmax(logits / T) (min-p leaves the rows
-    unnormalised, which `torch.multinomial` accepts).
+    Formula: out[i, t] = logits[i, t] + bias_i(t), bias_i(t) = 0 for ids row i does not name.
+    logits: `[B, V]`; the ids must be < V (the engine checks them when a request arrives).
+    """
+    rows, cols, values = [], [], []
+    for i, p in enumerate(params):
+        for token_id, value in p.logit_bias:
+            rows.append(i)
+            cols.append(token_id)
+            values.append(value)
+    if not rows:
+        return logits
+    device = logits.device
+    biased = logits.to(torch.float32, copy=True)  # bf16 would round a +0.5 bias away
+    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+    bias = torch.tensor(values, dtype=torch.float32, device=device)
+    return biased.index_put_(index, bias, accumulate=True)
+
+
+def sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Probabilities `sample` draws from: softmax((logits + logit_bias) / T) after top-k, top-p
+    and min-p.
+
+    logits: `[S, V]` for non-greedy rows only, without their bias. Returns `[S, V]` float32;
+    dropped tokens are exactly 0 and the kept ones are proportional to
+    softmax((logits + logit_bias) / T) (min-p leaves the rows unnormalised, which
+    `torch.multinomial` accepts).
     """
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)
-    x = logits.float() / temperature[:, None]  # [S, V]
+    x = apply_logit_bias(logits, params).float() / temperature[:, None]  # [S, V]
 
     # Sorting the vocabulary is the expensive step (V ~ 128k); skip it unless a row needs it.
     if any(p.top_k > 0 or p.top_p < 1 for p in params):

@@ -28,6 +28,7 @@ class Sequence:
     prefix_ids: list[int] = field(default_factory=list)  # prefix-cache ids of full blocks
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache on admission
     num_preemptions: int = 0
+    first_scheduled_ns: int = 0  # start of the first step that ran it (0: not yet)
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

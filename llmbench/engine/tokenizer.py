@@ -290,24 +290,36 @@ class Tokenizer:
     # -- chat ---------------------------------------------------------------------------------
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
+        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]) and `tools`
+        (OpenAI function definitions, rendered as `chat_template.ChatTemplate.render` says)."""
         if self._template is None:
             raise UserError(
                 "no chat template: this tokenizer has none: send raw prompts, or use a model "
                 "whose tokenizer files include a chat template"
             )
         return self._template.render(
-            messages, add_generation_prompt, bos_token=self.bos_token, eos_token=self.eos_token
+            messages,
+            add_generation_prompt,
+            tools=tools,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
         )
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Ids of the rendered chat prompt; BOS is added per `add_bos` unless the template
         already wrote it (many templates start with `{{ bos_token }}`)."""
-        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt), add_bos=False)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools=tools)
+        ids = self.encode(text, add_bos=False)
         if self.add_bos and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
         return ids

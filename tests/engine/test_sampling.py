@@ -14,6 +14,7 @@ import torch
 
 from llmbench.engine.sampling import (
     SamplingParams,
+    apply_logit_bias,
     check_stop,
     make_generator,
     sample,
@@ -73,6 +74,28 @@ def assert_frequencies(counts: list[int], expected: list[float]) -> None:
             "sampling: stop_token_ids entries must be integers >= 0, got -1",
         ),
         ({"ignore_eos": "yes"}, "sampling: ignore_eos must be true or false, got 'yes'"),
+        (
+            {"logit_bias": {"5": 1.0}},
+            "sampling: logit_bias keys must be token ids (integers >= 0), got '5'",
+        ),
+        (
+            {"logit_bias": {-1: 1.0}},
+            "sampling: logit_bias keys must be token ids (integers >= 0), got -1",
+        ),
+        (
+            {"logit_bias": {5: 100.5}},
+            "sampling: logit_bias values must be in [-100, 100], got 100.5",
+        ),
+        (
+            {"logit_bias": {5: math.nan}},
+            "sampling: logit_bias values must be in [-100, 100], got nan",
+        ),
+        ({"logit_bias": {5: "1"}}, "sampling: logit_bias values must be in [-100, 100], got '1'"),
+        ({"logit_bias": 5}, "sampling: logit_bias must be a mapping of token id to bias, got 5"),
+        (
+            {"logit_bias": [(3, 1.0), (3, 2.0)]},
+            "sampling: logit_bias must name each token id once, got [3, 3]",
+        ),
     ],
 )
 def test_params_reject_invalid_field_with_its_name(kwargs: dict, message: str) -> None:
@@ -97,6 +120,13 @@ def test_params_normalise_lists_to_tuples() -> None:
     assert hash(params) == hash(
         SamplingParams(stop=("\n\n", "###"), stop_token_ids=(128001, 128009))
     )
+
+
+def test_params_store_logit_bias_as_sorted_pairs() -> None:
+    params = SamplingParams(logit_bias={9: -100, 2: 0.5, 4: 100})
+    assert params.logit_bias == ((2, 0.5), (4, 100), (9, -100))
+    assert hash(params) == hash(SamplingParams(logit_bias=[(4, 100), (9, -100), (2, 0.5)]))
+    assert SamplingParams().logit_bias == ()
 
 
 def test_is_greedy() -> None:
@@ -204,6 +234,61 @@ def test_sampling_probs_hand_computed(params: SamplingParams, expected: list[flo
     assert normalised.tolist() == pytest.approx(expected, abs=1e-6)
     # Filtered tokens are exactly zero, so multinomial can never draw them.
     assert [p == 0 for p in probs.tolist()] == [p == 0 for p in expected]
+
+
+# --- logit_bias ------------------------------------------------------------------------------
+
+
+def test_logit_bias_changes_the_greedy_argmax_of_its_row_only() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    rows = [SamplingParams(temperature=0, logit_bias={0: 2.5}), SamplingParams(temperature=0)]
+    # Row 0: [3.5, 2, 3] -> id 0; row 1 unbiased -> id 2. The caller's logits are not touched.
+    assert sample(logits, rows, [None, None]).tolist() == [0, 2]
+    assert logits.tolist() == [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+
+
+def test_logit_bias_is_exact_on_bfloat16_logits() -> None:
+    # 256 + 0.5 is not a bfloat16 (spacing 2 there): the bias is added in float32, so id 1 wins.
+    logits = torch.tensor([[256.0, 256.0]], dtype=torch.bfloat16)
+    params = [SamplingParams(temperature=0, logit_bias={1: 0.5})]
+    assert apply_logit_bias(logits, params).tolist() == [[256.0, 256.5]]
+    assert sample(logits, params, [None]).tolist() == [1]
+
+
+def test_minus_100_bans_a_token_and_plus_100_forces_one() -> None:
+    logits = torch.tensor([[5.0, 4.0, 3.0]])
+    assert sample(logits, [SamplingParams(temperature=0, logit_bias={0: -100})], [None]) == 1
+    forced = SamplingParams(temperature=1.0, logit_bias={2: 100}, seed=0)
+    draws = sample(logits.expand(200, -1), [forced] * 200, [make_generator(0)] * 200)
+    assert set(draws.tolist()) == {2}  # p(other) = e^-95 or less per draw
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        # Uniform logits, +ln 3 on id 1: weights [1, 3, 1, 1] / 6.
+        (SamplingParams(logit_bias={1: math.log(3)}), [1 / 6, 3 / 6, 1 / 6, 1 / 6]),
+        # The bias comes before the temperature: (0 + 2 ln 3) / 2 = ln 3 on id 0.
+        (
+            SamplingParams(temperature=2.0, logit_bias={0: 2 * math.log(3)}),
+            [3 / 6, 1 / 6, 1 / 6, 1 / 6],
+        ),
+        # ... and before top-k: biased [0, ln 3, ln 5, 0], top-2 keeps ids 2 and 1: [3, 5] / 8.
+        (
+            SamplingParams(top_k=2, logit_bias={1: math.log(3), 2: math.log(5)}),
+            [0.0, 3 / 8, 5 / 8, 0.0],
+        ),
+    ],
+)
+def test_logit_bias_probs_hand_computed(params: SamplingParams, expected: list[float]) -> None:
+    probs = sampling_probs(torch.zeros(1, 4), [params])[0]
+    assert (probs / probs.sum()).tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_logit_bias_draws_follow_the_biased_distribution() -> None:
+    params = SamplingParams(logit_bias={1: math.log(3)}, seed=3)
+    counts = draw_counts(torch.zeros(4), params, 8_000, seed=3)
+    assert_frequencies(counts, [1 / 6, 3 / 6, 1 / 6, 1 / 6])
 
 
 def test_top_p_applies_after_top_k_renormalises() -> None:

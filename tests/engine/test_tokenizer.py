@@ -150,8 +150,9 @@ def test_hf_folder_chat_template(chatml_folder: Path) -> None:
 
 def test_hf_folder_template_rejects_messages(chatml_folder: Path) -> None:
     tok = Tokenizer.from_hf_folder(chatml_folder)
-    with pytest.raises(UserError, match="chat template failed: unknown role: tool"):
-        tok.apply_chat_template([{"role": "tool", "content": "{}"}])
+    # (A `tool` message would be rendered as a user message: this template knows no tools.)
+    with pytest.raises(UserError, match="chat template failed: unknown role: robot"):
+        tok.apply_chat_template([{"role": "robot", "content": "{}"}])
 
 
 def test_hf_folder_bos_from_post_processor(tmp_path: Path) -> None:

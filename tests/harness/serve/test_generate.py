@@ -1,30 +1,35 @@
-"""The OpenAI-compatible server end to end: a real server on a free port, an aiohttp client.
+"""The generation endpoints end to end: a real server on 127.0.0.1, real engines, real clients.
 
 Greedy replies are checked token for token against `LLMEngine.generate` run in-process on a
-second engine over the same random-weight checkpoint.
+second engine over the same random-weight checkpoint. The tool-calling loop runs the official
+`openai` client against the hand-set tool model of `helpers` (its output is canned by its
+weights; everything from the engine to the client is real).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import queue
-import re
-import socket
-import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
-from aiohttp.test_utils import TestServer
 
-from llmbench.engine.engine import EngineConfig, LLMEngine
+from llmbench.engine.engine import LLMEngine
 from llmbench.engine.sampling import SamplingParams
-from llmbench.errors import UserError
-from llmbench.harness.serve import RecentTokenRate, build_app, run_server
+from llmbench.harness.serve import ServeConfig
 from tests.engine.helpers import write_tiny_checkpoint
+from tests.harness.serve.helpers import (
+    ANSWER_REPLY,
+    CALL_JSON,
+    ID,
+    WEATHER_TOOL,
+    serving,
+    tiny_engine,
+    write_tool_model,
+)
 
 MODEL = "tiny"
 # The test vocabulary is words "w0".."w296" split on whitespace, with no role words: the
@@ -46,14 +51,10 @@ def folder(tmp_path_factory):
     return folder
 
 
-def make_engine(folder) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(folder), device="cpu", kv_cache_memory=1 << 22))
-
-
 @pytest.fixture(scope="module")
 def reference(folder) -> LLMEngine:
     """An engine of its own, so the server's engine is never stepped from the test thread."""
-    return make_engine(folder)
+    return tiny_engine(str(folder))
 
 
 def expected_text(reference: LLMEngine, prompt_ids: list[int]) -> str:
@@ -61,33 +62,17 @@ def expected_text(reference: LLMEngine, prompt_ids: list[int]) -> str:
     return reference.tokenizer.decode(token_ids)
 
 
-@dataclass
 class Server:
-    url: str
-    engine: LLMEngine
+    def __init__(self, url: str, engine: LLMEngine) -> None:
+        self.url = url
+        self.engine = engine
 
 
 @pytest.fixture(scope="module")
 def server(folder):
-    engine = make_engine(folder)
-    stop = threading.Event()
-    ready: queue.Queue[int | BaseException] = queue.Queue()
-
-    def serve() -> None:
-        try:
-            run_server(engine, MODEL, port=0, on_ready=ready.put, stop=stop)
-        except BaseException as e:  # surfaced to the fixture instead of a 60 s wait
-            ready.put(e)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    port = ready.get(timeout=60)
-    if isinstance(port, BaseException):
-        raise port
-    yield Server(f"http://127.0.0.1:{port}", engine)
-    stop.set()
-    thread.join(timeout=30)
-    assert not thread.is_alive(), "the server did not stop"
+    engine = tiny_engine(str(folder))
+    with serving(engine, ServeConfig(served_model_name=MODEL)) as url:
+        yield Server(url, engine)
 
 
 # -- client helpers ---------------------------------------------------------------------------
@@ -164,86 +149,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     }
 
 
-# -- simple endpoints -------------------------------------------------------------------------
-
-
-def test_health_and_models(server):
-    async def go(session):
-        async with session.get(server.url + "/health") as response:
-            assert response.status == 200 and await response.text() == "ok"
-        async with session.get(server.url + "/v1/models") as response:
-            assert response.status == 200
-            return await response.json()
-
-    listing = run(go)
-    assert listing["object"] == "list"
-    [model] = listing["data"]
-    assert model["id"] == MODEL and model["object"] == "model" and model["max_model_len"] == 512
-
-
-METRIC_LINE = re.compile(r"^(llmbench_\w+) (\S+)$")
-METRICS = {
-    "llmbench_num_requests_running": "gauge",
-    "llmbench_num_requests_waiting": "gauge",
-    "llmbench_kv_cache_usage_ratio": "gauge",
-    "llmbench_prefix_cache_hit_rate": "gauge",
-    "llmbench_generation_tokens_total": "counter",
-    "llmbench_prompt_tokens_total": "counter",
-    "llmbench_generation_tokens_per_second": "gauge",
-}
-
-
-def scrape(server) -> dict[str, float]:
-    async def go(session):
-        async with session.get(server.url + "/metrics") as response:
-            assert response.status == 200
-            assert response.headers["Content-Type"].startswith("text/plain")
-            return await response.text()
-
-    values, types, helps = {}, {}, set()
-    for line in run(go).splitlines():
-        if line.startswith("# HELP "):
-            helps.add(line.split()[2])
-        elif line.startswith("# TYPE "):
-            _, _, name, kind = line.split()
-            types[name] = kind
-        else:
-            match = METRIC_LINE.match(line)
-            assert match, line
-            values[match[1]] = float(match[2])
-    assert types == METRICS and helps == set(METRICS) and set(values) == set(METRICS)
-    return values
-
-
-def test_metrics_count_tokens(server):
-    before = scrape(server)
-    prompt = words(7, 8, 9, 10, 11)
-    status, _ = run(post, server.url + "/v1/completions", {"prompt": prompt, **GREEDY})
-    assert status == 200
-    after = scrape(server)
-    assert after["llmbench_prompt_tokens_total"] - before["llmbench_prompt_tokens_total"] == 5
-    gen_delta = (
-        after["llmbench_generation_tokens_total"] - before["llmbench_generation_tokens_total"]
-    )
-    assert gen_delta == 8
-    assert after["llmbench_generation_tokens_per_second"] > 0
-    assert after["llmbench_num_requests_running"] == 0
-    assert after["llmbench_num_requests_waiting"] == 0
-    assert 0 <= after["llmbench_kv_cache_usage_ratio"] <= 1
-    assert 0 <= after["llmbench_prefix_cache_hit_rate"] <= 1
-
-
-def test_recent_token_rate_over_the_window():
-    second = 10**9
-    rate = RecentTokenRate(window_ns=10 * second, start_ns=0)
-    assert rate.per_s(0) == 0.0
-    rate.add(1 * second, 4)
-    rate.add(3 * second, 6)
-    assert rate.per_s(5 * second) == 10 / 5  # younger than the window: divide by the age
-    assert rate.per_s(12 * second) == 6 / 10  # the t=1 s tokens left the window at 11 s
-    assert rate.per_s(14 * second) == 0.0
-
-
 # -- generation matches the engine ------------------------------------------------------------
 
 
@@ -317,6 +222,20 @@ def test_stop_string_ends_the_reply_before_it(server, reference):
     assert reply["choices"][0]["finish_reason"] == "stop"
 
 
+def test_logit_bias_moves_the_greedy_choice(server, reference):
+    prompt_ids = [11, 12, 13]
+    [natural] = reference.generate([prompt_ids], GREEDY_PARAMS)
+    # +100 on a token the model does not pick makes every greedy step pick it.
+    forced = next(t for t in range(1, 290) if t not in natural)
+    body = {"prompt": prompt_ids, **GREEDY, "logit_bias": {str(forced): 100}}
+    status, reply = run(post, server.url + "/v1/completions", body)
+    assert status == 200, reply
+    assert reply["choices"][0]["text"] == words(*[forced] * 8)
+    banned = {"prompt": prompt_ids, **GREEDY, "logit_bias": {str(natural[0]): -100}}
+    status, reply = run(post, server.url + "/v1/completions", banned)
+    assert status == 200 and not reply["choices"][0]["text"].startswith(f"w{natural[0]} ")
+
+
 def test_shared_prefix_reports_cached_tokens(server):
     shared = [(7 * i) % 290 + 1 for i in range(40)]  # 40 tokens: 2 full blocks of 16
     first = {"prompt": shared + [201, 202], **GREEDY}
@@ -371,10 +290,21 @@ def wait_until_idle(engine: LLMEngine, timeout_s: float = 10.0) -> None:
     )
 
 
+def generated_tokens(server) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async def go(session):
+        async with session.get(server.url + "/metrics") as response:
+            return await response.text()
+
+    families = {f.name: f for f in text_string_to_metric_families(run(go))}
+    return families["llmbench_generation_tokens"].samples[0].value
+
+
 @pytest.mark.parametrize("is_stream", [True, False])
 def test_client_disconnect_aborts_the_request(server, is_stream):
     max_tokens = 500  # the context is 512: far more than arrives before the client leaves
-    before = scrape(server)["llmbench_generation_tokens_total"]
+    before = generated_tokens(server)
 
     async def go(session):
         body = {"prompt": [9, 8, 7], "max_tokens": max_tokens, "ignore_eos": True}
@@ -400,7 +330,7 @@ def test_client_disconnect_aborts_the_request(server, is_stream):
         wait_until_idle(server.engine)
 
     asyncio.run(with_own_session())
-    generated = scrape(server)["llmbench_generation_tokens_total"] - before
+    generated = generated_tokens(server) - before
     assert 1 <= generated < max_tokens  # aborted, not run to the end
     status, _ = run(post, server.url + "/v1/completions", {"prompt": "w1", **GREEDY})
     assert status == 200
@@ -447,6 +377,13 @@ BAD_REQUESTS = [
         "stream_options",
     ),
     ("completions", {"prompt": "w1", "n": 2}, "n"),
+    ("completions", {"prompt": "w1", "logit_bias": {"1": 101}}, "logit_bias"),
+    ("completions", {"prompt": "w1", "logit_bias": {"300": 1}}, "logit_bias"),
+    (
+        "completions",
+        {"prompt": "w1", "response_format": {"type": "json_object"}},
+        "response_format",
+    ),
     ("chat/completions", {}, "messages"),
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": "w1"}, "messages"),
@@ -459,6 +396,11 @@ BAD_REQUESTS = [
     ),
     ("chat/completions", {"messages": [{"role": "user", "content": LONG}]}, "messages"),
     ("chat/completions", {"messages": [{"role": "user", "content": "w1"}], "top_p": 2}, "top_p"),
+    (
+        "chat/completions",
+        {"messages": [{"role": "user", "content": "w1"}], "tool_choice": "required"},
+        "tool_choice",
+    ),
 ]
 
 
@@ -473,7 +415,8 @@ def test_bad_request_is_400_and_the_server_goes_on(server, path, body, param):
     assert status == 400, reply
     error = reply["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "invalid_request_error" and error["code"] is None
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] in (None, "context_length_exceeded")
     assert error["param"] == param
     assert error["message"]
     assert good_status == 200
@@ -488,56 +431,150 @@ def test_wrong_model_is_404(server):
     assert status == 200
 
 
-def test_unknown_route_and_method_are_json_errors(server):
+# -- the tool-calling loop with the official openai client -------------------------------------
+
+TOOL_MODEL = "tool-model"
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory):
+    folder = write_tool_model(tmp_path_factory.mktemp("tool-model"))
+    engine = tiny_engine(str(folder))
+    config = ServeConfig(served_model_name=TOOL_MODEL, api_key="sk-test")
+    with serving(engine, config) as url:
+        yield url
+
+
+def ask(client: openai.OpenAI, messages: list[dict], stream: bool) -> dict:
+    """One request; returns what an agent loop keeps: content, tool calls, finish reason,
+    prompt tokens, and (streamed) every content delta."""
+    request = {"model": TOOL_MODEL, "messages": messages, "tools": [WEATHER_TOOL]}
+    if not stream:
+        completion = client.chat.completions.create(**request)
+        [choice] = completion.choices
+        calls = [call.model_dump() for call in choice.message.tool_calls or []]
+        return {
+            "content": choice.message.content,
+            "tool_calls": calls,
+            "finish_reason": choice.finish_reason,
+            "prompt_tokens": completion.usage.prompt_tokens,
+            "deltas": None,
+        }
+    chunks = client.chat.completions.create(
+        **request, stream=True, stream_options={"include_usage": True}
+    )
+    deltas, calls, finish_reason, prompt_tokens = [], {}, None, None
+    for chunk in chunks:
+        if chunk.usage is not None:
+            prompt_tokens = chunk.usage.prompt_tokens
+        if not chunk.choices:
+            continue
+        [choice] = chunk.choices
+        if choice.delta.content:
+            deltas.append(choice.delta.content)
+        for delta in choice.delta.tool_calls or []:  # merged by index, as clients do
+            call = calls.setdefault(delta.index, {"id": None, "type": None, "function": {}})
+            call["id"] = delta.id or call["id"]
+            call["type"] = delta.type or call["type"]
+            function = call["function"]
+            function["name"] = (function.get("name") or "") + (delta.function.name or "")
+            function["arguments"] = function.get("arguments", "") + (delta.function.arguments or "")
+        finish_reason = choice.finish_reason or finish_reason
+    return {
+        "content": "".join(deltas) or None,
+        "tool_calls": [calls[i] for i in sorted(calls)],
+        "finish_reason": finish_reason,
+        "prompt_tokens": prompt_tokens,
+        "deltas": deltas,
+    }
+
+
+def tokenize(url: str, messages: list[dict]) -> list[int]:
     async def go(session):
-        async with session.get(server.url + "/v1/nothing") as response:
-            not_found = response.status, await response.json()
-        async with session.get(server.url + "/v1/completions") as response:
-            wrong_method = response.status, await response.json()
-        return not_found, wrong_method
+        body = {"model": TOOL_MODEL, "messages": messages, "tools": [WEATHER_TOOL]}
+        headers = {"Authorization": "Bearer sk-test"}
+        async with session.post(url + "/tokenize", json=body, headers=headers) as response:
+            assert response.status == 200
+            return (await response.json())["tokens"]
 
-    (status, reply), (status_405, reply_405) = run(go)
-    assert status == 404
-    assert reply["error"]["message"] == "Invalid URL (GET /v1/nothing)"
-    assert reply["error"]["type"] == "invalid_request_error"
-    assert status_405 == 405 and reply_405["error"]["message"]
+    return run(go)
 
 
-# -- serving itself ---------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_three_turn_tool_loop_with_the_openai_client(tool_server, stream):
+    client = openai.OpenAI(base_url=tool_server + "/v1", api_key="sk-test", max_retries=0)
+    messages: list[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    # Turn 1: the model answers with a call (after a word of its own).
+    first = ask(client, messages, stream)
+    assert first["finish_reason"] == "tool_calls"
+    assert first["content"] == "Checking. "
+    [call] = first["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert json.loads(call["function"]["arguments"]) == json.loads(CALL_JSON)["arguments"]
+    if stream:  # the words before the call streamed as content; the tags never did
+        assert first["deltas"][0] == "Checking."
+        assert not any("<tool" in delta or "tool_call>" in delta for delta in first["deltas"])
+    assert first["prompt_tokens"] == len(tokenize(tool_server, messages))
+
+    # Turn 2: the call goes back (the streamed loop keeps only the call: content null, as
+    # many agent loops send it), then the tool's result; the model answers.
+    content = None if stream else first["content"]
+    messages.append({"role": "assistant", "content": content, "tool_calls": [call]})
+    result = json.dumps({"sky": "sunny", "celsius": 22})
+    messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    second = ask(client, messages, stream)
+    assert second == {**second, "content": ANSWER_REPLY, "tool_calls": [], "finish_reason": "stop"}
+    prompt = tokenize(tool_server, messages)
+    assert second["prompt_tokens"] == len(prompt)
+    assert prompt.count(ID["<tool_response>"]) == 1  # the result is in the prompt, once
+
+    # Turn 3: a follow-up on the whole conversation.
+    messages.append({"role": "assistant", "content": second["content"]})
+    messages.append({"role": "user", "content": "And tomorrow?"})
+    third = ask(client, messages, stream)
+    assert (third["content"], third["finish_reason"]) == (ANSWER_REPLY, "stop")
+    assert third["prompt_tokens"] == len(tokenize(tool_server, messages)) > len(prompt)
 
 
-def test_port_in_use_is_a_user_error(reference):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port}"):
-            run_server(reference, MODEL, port=port, stop=threading.Event())
+def test_tool_choice_none_leaves_the_tools_out_and_the_text_alone(tool_server):
+    client = openai.OpenAI(base_url=tool_server + "/v1", api_key="sk-test", max_retries=0)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    completion = client.chat.completions.create(
+        model=TOOL_MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="none"
+    )
+    [choice] = completion.choices
+    # No tools in the prompt, nothing parsed: the model's text comes back as it is.
+    assert choice.message.content == f"Checking. <tool_call> {CALL_JSON} </tool_call>"
+    assert not choice.message.tool_calls and choice.finish_reason == "stop"
+    without_tools = [{"role": "user", "content": "What is the weather in Paris?"}]
+    assert completion.usage.prompt_tokens < len(tokenize(tool_server, without_tools))
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_engine_crash_ends_requests_with_503(folder):
-    engine = make_engine(folder)
+def test_logit_bias_through_the_openai_client(tool_server):
+    client = openai.OpenAI(base_url=tool_server + "/v1", api_key="sk-test", max_retries=0)
+    # +50 on "Sunny," beats "Checking." (3 x 8 = 24 after the final norm): the model answers
+    # at once, and the later links (1e4 x 8) are far above the bias.
+    completion = client.chat.completions.create(
+        model=TOOL_MODEL,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        logit_bias={str(ID["Sunny,"]): 50},
+    )
+    [choice] = completion.choices
+    assert choice.message.content == ANSWER_REPLY and choice.finish_reason == "stop"
 
-    def broken_step():
-        raise RuntimeError("simulated engine failure")
 
-    engine.step = broken_step  # the engine thread dies on the first request's first step
-
-    async def go():
-        async with TestServer(build_app(engine, MODEL)) as test_server:
-            url = str(test_server.make_url(""))
-            async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-                body = {"prompt": "w1", **GREEDY}
-                in_flight = await post_stream(session, url + "/v1/completions", body)
-                after = await post(session, url + "/v1/completions", body)
-                async with session.get(url + "/health") as response:
-                    health = response.status
-        return in_flight, after, health
-
-    in_flight, (status, reply), health = asyncio.run(go())
-    [error_chunk] = in_flight  # the stream ends with an error event instead of hanging
-    assert "simulated engine failure" in error_chunk["error"]["message"]
-    assert status == 503 and reply["error"]["type"] == "server_error"
-    assert "simulated engine failure" in reply["error"]["message"]
-    assert health == 503
+def test_unsupported_options_are_refused_through_the_openai_client(tool_server):
+    client = openai.OpenAI(base_url=tool_server + "/v1", api_key="sk-test", max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError, match="tool_choice 'required' is not supported"):
+        client.chat.completions.create(
+            model=TOOL_MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="required"
+        )
+    with pytest.raises(openai.BadRequestError, match="response_format 'json_object' is not"):
+        client.chat.completions.create(
+            model=TOOL_MODEL, messages=messages, response_format={"type": "json_object"}
+        )

@@ -1,0 +1,70 @@
+"""`llmbench serve` as users start it: its flags reach the server, and a bad flag is one line and
+exit 2 before anything listens."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.harness.serve.load import ServerProcess
+
+TINY = ["--model", "synthetic:tiny", "--kv-cache-memory", str(4 * 2**20)]
+
+
+def llmbench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmbench", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def get(url: str, key: str | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url)
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--max-model-len", "5000"],
+            "error: serve: --max-model-len 5000 is outside [1, 4096], the model's context "
+            "window; lower it",
+        ),
+        (["--record", "/proc/no-such-place"], "error: serve --record: cannot write "),
+    ],
+)
+def test_a_bad_flag_is_one_line_and_exit_2(args, message):
+    out = llmbench("serve", *TINY, "--port", "0", *args)
+    assert out.returncode == 2, out.stderr
+    [*_, last] = out.stderr.strip().splitlines()
+    assert last.startswith(message) and "Traceback" not in out.stderr
+
+
+def test_flags_reach_the_server_and_the_key_comes_from_the_environment(tmp_path):
+    env = dict(os.environ, LLMBENCH_API_KEY="sk-from-env")
+    args = [*TINY, "--served-model-name", "tiny-chat", "--max-model-len", "128"]
+    args += ["--record", str(tmp_path / "rec"), "--vllm-metrics"]
+    server = ServerProcess(args, env=env)
+    try:
+        assert "serving it as 'tiny-chat'; API key required" in "".join(server.lines)
+        assert get(server.url + "/v1/models")[0] == 401
+        status, listing = get(server.url + "/v1/models", key="sk-from-env")
+        assert status == 200
+        assert [(m["id"], m["max_model_len"]) for m in listing["data"]] == [("tiny-chat", 128)]
+        with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
+            assert b'vllm:num_requests_running{model_name="tiny-chat"}' in response.read()
+        assert (tmp_path / "rec" / "steps.jsonl").is_file()
+    finally:
+        server.stop()
