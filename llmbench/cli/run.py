@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
-from llmbench.errors import UserError
+from llmbench.errors import BackendFailure, UserError
 
 
 @click.command()
@@ -27,13 +28,23 @@ from llmbench.errors import UserError
 def run(workload: str, overrides: tuple[str, ...], out: Path | None) -> None:
     """Benchmark WORKLOAD (a YAML file, or a shipped name: chat, rag, agentic).
 
-    Prints a summary and, as the last line of stdout, the run folder."""
+    Prints a summary and, as the last line of stdout, the run folder. SIGINT, SIGTERM and SIGHUP
+    stop the run with what it measured saved (exit 130, 143, 129); an engine crash too (one
+    line naming the error, exit 1)."""
     from llmbench.harness.run import execute
+    from llmbench.harness.run_signals import RunInterrupted
     from llmbench.harness.spec import load_spec
     from llmbench.reports.render import write_reports
 
     spec = load_spec(_workload_path(workload), list(overrides))
-    execute(spec, out, write_reports)
+    try:
+        execute(spec, out, write_reports)
+    except RunInterrupted as e:
+        click.echo(str(e), err=True)  # "interrupted by SIGTERM"
+        sys.exit(e.exit_code)
+    except BackendFailure as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
 
 
 @click.command()
@@ -41,9 +52,11 @@ def run(workload: str, overrides: tuple[str, ...], out: Path | None) -> None:
 def report(run_dir: Path) -> None:
     """Render report.html and report.md of RUN_DIR (a run or sweep folder) from its files alone.
 
-    Needs no torch: a report can be rebuilt on any machine that has the folder."""
+    Needs no torch: a report can be rebuilt on any machine that has the folder. A run that was
+    killed before it wrote results.json gets it rebuilt from its record files first."""
     from llmbench.reports.render import write_reports
 
+    _rebuild_missing_results(run_dir)
     for path in write_reports(run_dir):
         click.echo(path)
 
@@ -64,8 +77,25 @@ def export(run_dir: Path, fmt: str, out: Path | None) -> None:
     from llmbench.reports import rundata
     from llmbench.reports.export import export as export_run
 
+    _rebuild_missing_results(run_dir)
     for path in export_run(rundata.load(run_dir), out or run_dir / "export", fmt):
         click.echo(path)
+
+
+def _rebuild_missing_results(folder: Path) -> None:
+    """results.json of a killed run (and of each killed point of a sweep), rebuilt from its
+    record files, with one line on stderr saying so."""
+    from llmbench.harness.run_summary import can_rebuild, rebuild
+
+    for run_folder in (folder, *sorted(folder.glob("point-*"))):
+        if can_rebuild(run_folder):
+            result = rebuild(run_folder)
+            click.echo(
+                f"{run_folder}: no results.json (the run was killed): rebuilt it from "
+                f"requests.jsonl and steps.jsonl ({result.summary['num_completed']} requests "
+                "completed)",
+                err=True,
+            )
 
 
 def _workload_path(workload: str) -> Path:

@@ -2,10 +2,21 @@
 
 Datasheet peaks are marketing maxima; a roofline built on them makes every run look bad. So the
 roofs are *measured* on the device the engine uses, with the engine's threads: memory bandwidth
-(a large copy, bytes read + written; and a read-only reduction) and matmul FLOP/s per dtype
-(float32, bfloat16, float16, and int8 → int32 where torch has it for the device), each
-the median of several timed repetitions after a warm-up. Results are cached per device, thread
-count and torch version; `llmbench hardware --refresh` measures again.
+(a copy, bytes read + written, and a read-only reduction, over buffers far larger than any
+cache: 256 MiB on a CPU, whose L3 is tens of MiB; 1 GiB on a GPU) and matmul FLOP/s per dtype
+(float32, bfloat16, float16, and int8 → int32 where torch has it for the device).
+
+Every probe is sized by time, inside one budget for all of them (`DEFAULT_BUDGET_S`): a matmul
+starts at 256² (1024² on a GPU) and doubles up to 2048² (8192²) while one run stays under
+`MAX_RUN_S`, so a dtype with no fast path (float16 on most CPUs runs at 0.3-2 GFLOP/s: one 2048²
+run takes 10-60 s) is measured smaller, and a note says so. Then up to `REPEATS` runs are timed
+(the median is kept) within the probe's cap (`PROBE_CAP_S`) and what is left of the budget;
+a small matmul shows a slow path at its best, which errs on the high side, as a roof should.
+Bandwidth is
+always measured (about a second); a dtype the budget has no time left for is skipped with a note
+and measured by a later call. Results are cached per device, thread count and torch version,
+each probe with its date; `ceilings` measures only what the cache lacks, and says where each
+number came from; `llmbench hardware --refresh` measures everything again.
 """
 
 from __future__ import annotations
@@ -14,10 +25,20 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-_REPEATS = 5
+DEFAULT_BUDGET_S = 60.0  # all the probes of one measurement
+PROBE_CAP_S = 10.0  # one probe at most
+MAX_RUN_S = 0.75  # a matmul stops growing before one run would take longer than this
+REPEATS = 5  # timed runs per probe (the median is kept), as the cap allows
+MATMUL_DTYPES = ("float32", "bfloat16", "float16", "int8")
+# A dtype measured small and this many times slower than the fastest dtype measured before it
+# in the same call is said to have no fast path on the device.
+_SLOW_FACTOR = 10
+
+Progress = Callable[[str], None]
 
 
 def _cache_path(key: str) -> Path:
@@ -26,85 +47,267 @@ def _cache_path(key: str) -> Path:
     return base / "hardware" / f"{safe}.json"
 
 
-def _timed(fn, sync) -> float:
-    """Median seconds of fn() over _REPEATS runs, after one warm-up run."""
+def _timed_once(fn: Callable[[], object], sync: Callable[[], None]) -> float:
+    t0 = time.perf_counter_ns()
     fn()
     sync()
-    times = []
-    for _ in range(_REPEATS):
-        t0 = time.perf_counter_ns()
-        fn()
+    return (time.perf_counter_ns() - t0) / 1e9
+
+
+def _repeat(
+    fn: Callable[[], object],
+    sync: Callable[[], None],
+    times: list[float],
+    start: float,
+    cap_s: float,
+) -> list[float]:
+    """`times` (runs already timed) and more, up to REPEATS in all, while the next run still
+    fits in `cap_s` seconds since `start` (perf_counter)."""
+    times = list(times)
+    while len(times) < REPEATS and time.perf_counter() - start + times[-1] <= cap_s:
+        times.append(_timed_once(fn, sync))
+    return times
+
+
+def size_by_time(
+    make: Callable[[int], Callable[[], object]],
+    sync: Callable[[], None],
+    n_min: int,
+    n_max: int,
+    cap_s: float,
+) -> tuple[int, list[float]]:
+    """An n×n matmul probe sized by time: (n, seconds of each timed run at that n).
+
+    From `n_min`, each size runs once as a warm-up and twice timed; it doubles while the doubled
+    size is at most `n_max`, one run of it would take at most MAX_RUN_S (8× the faster run:
+    n³ work) and its three runs fit in `cap_s`. A dtype with a fast path reaches `n_max`; one
+    without stops where a run gets slow. Then `_repeat` times it up to REPEATS times in `cap_s`.
+    """
+    start = time.perf_counter()
+    n = n_min
+    while True:
+        fn = make(n)
+        fn()  # warm-up: first-call costs (page faults, kernel selection) stay out of the time
         sync()
-        times.append((time.perf_counter_ns() - t0) / 1e9)
-    return statistics.median(times)
+        times = [_timed_once(fn, sync), _timed_once(fn, sync)]
+        next_s = 8 * min(times)
+        spent = time.perf_counter() - start
+        if 2 * n > n_max or next_s > MAX_RUN_S or spent + 3 * next_s > cap_s:
+            break
+        n *= 2
+    return n, _repeat(fn, sync, times, start, cap_s)
 
 
-def measure(device_name: str = "cpu") -> dict[str, Any]:
-    """Measure the roofs of `device_name` ("cpu" or "cuda") with torch's current threads."""
+def _matmul(dtype: str, n: int, device: Any) -> Callable[[], object]:
+    """One n×n by n×n matmul of `dtype`, ready to run (int8 multiplies into int32)."""
     import torch
 
-    device = torch.device(device_name)
-    is_gpu = device.type == "cuda"
-    sync = torch.cuda.synchronize if is_gpu else (lambda: None)
-    # Buffers far larger than any cache: 256 MiB on CPU (L3 is tens of MiB), 1 GiB on a GPU.
-    num_bytes = (1 << 30) if is_gpu else (1 << 28)
-    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    copy_s = _timed(lambda: dst.copy_(src), sync)
-    read_s = _timed(lambda: src.sum(), sync)
-    matmul = {}
-    n = 8192 if is_gpu else 2048
-    for name in ("float32", "bfloat16", "float16"):
-        dtype = getattr(torch, name)
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
-        seconds = _timed(lambda a=a, b=b: torch.mm(a, b), sync)
-        matmul[name] = 2 * n**3 / seconds  # n^2 outputs, n multiply-adds each
-    # int8 x int8 -> int32 (what W8A8 kernels run), where this torch build and device have it.
-    a = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
-    b = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
-    try:
-        matmul["int8"] = 2 * n**3 / _timed(lambda: torch._int_mm(a, b), sync)
-    except (RuntimeError, AttributeError):  # no int8 matmul here: leave the dtype out
-        pass
+    if dtype == "int8":
+        a = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
+        b = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
+        return lambda: torch._int_mm(a, b)
+    a = torch.randn(n, n, device=device).to(getattr(torch, dtype))
+    b = torch.randn(n, n, device=device).to(getattr(torch, dtype))
+    return lambda: torch.mm(a, b)
+
+
+# dtype → (dtype, n, device) → a matmul to time. A table so a test can put a slow one in.
+MATMULS: dict[str, Callable[[str, int, Any], Callable[[], object]]] = {
+    dtype: _matmul for dtype in MATMUL_DTYPES
+}
+
+
+def _probe(size: int, times: list[float], note: str | None = None) -> dict[str, Any]:
     return {
-        "device": torch.cuda.get_device_name(device) if is_gpu else _cpu_name(),
-        "device_type": device.type,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "copy_bytes_per_s": 2 * num_bytes / copy_s,  # read + write
-        "read_bytes_per_s": num_bytes / read_s,
-        "matmul_flops_per_s": matmul,
-        "method": f"median of {_REPEATS} after a warm-up; {num_bytes >> 20} MiB buffers; "
-        f"{n}x{n} matmuls",
+        "size": size,
+        "repeats": len(times),
+        "seconds": statistics.median(times),
+        "measured_unix_s": time.time(),
+        "note": note,
     }
 
 
-def _cpu_name() -> str:
-    from llmbench.harness.results import cpu_name
+def measure(
+    device_name: str = "cpu",
+    budget_s: float = DEFAULT_BUDGET_S,
+    dtypes: Iterable[str] = MATMUL_DTYPES,
+    with_bandwidth: bool = True,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Measure the roofs of `device_name` ("cpu" or "cuda") with torch's current threads:
+    bandwidth (unless `with_bandwidth` is False) and the matmuls of `dtypes`, in that order,
+    within `budget_s` seconds (one probe may end past it by up to one of its runs).
 
-    return cpu_name()
+    Returns the fields of `results.HardwareCeilings` but `sources`, plus `skipped` (dtypes
+    the budget left out) and `unsupported` (dtypes torch has no matmul for here).
+    """
+    import torch
+
+    from llmbench.harness.provenance import cpu_name
+
+    deadline = time.perf_counter() + budget_s
+    device = torch.device(device_name)
+    is_gpu = device.type == "cuda"
+    sync = torch.cuda.synchronize if is_gpu else (lambda: None)
+    say = progress or (lambda message: None)
+    n_min, n_max = (1024, 8192) if is_gpu else (256, 2048)
+    num_bytes = (1 << 30) if is_gpu else (1 << 28)
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if is_gpu else cpu_name(),
+        "device_type": device.type,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "matmul_flops_per_s": {},
+        "method": f"median of up to {REPEATS} runs after a warm-up; {num_bytes >> 20} MiB "
+        f"buffers; each matmul doubled from {n_min}x{n_min} to {n_max}x{n_max} while a run "
+        f"stays under {MAX_RUN_S:g} s; {budget_s:g} s budget",
+        "notes": [],
+        "probes": {},
+        "skipped": [],
+        "unsupported": [],
+    }
+    if with_bandwidth:
+        say("memory bandwidth")
+        src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+        dst = torch.empty_like(src)
+        for name, fn, moved in (
+            ("copy", lambda: dst.copy_(src), 2 * num_bytes),  # read + write
+            ("read", lambda: src.sum(), num_bytes),
+        ):
+            start = time.perf_counter()
+            fn()
+            sync()
+            cap_s = min(PROBE_CAP_S, max(0.0, deadline - time.perf_counter()))
+            times = _repeat(fn, sync, [_timed_once(fn, sync)], start, cap_s)
+            out["probes"][name] = _probe(num_bytes, times)
+            out[f"{name}_bytes_per_s"] = moved / statistics.median(times)
+        del src, dst
+    for dtype in dtypes:
+        left_s = deadline - time.perf_counter()
+        if left_s <= 0:
+            out["skipped"].append(dtype)
+            continue
+        say(f"matmul {dtype}")
+        make = MATMULS[dtype]
+        try:
+            n, times = size_by_time(
+                lambda n, d=dtype, m=make: m(d, n, device),
+                sync,
+                n_min,
+                n_max,
+                min(PROBE_CAP_S, left_s),
+            )
+        except (RuntimeError, AttributeError, NotImplementedError):
+            out["unsupported"].append(dtype)
+            continue
+        rate = 2 * n**3 / statistics.median(times)  # n² outputs, n multiply-adds each
+        note = None
+        if n < n_max:
+            note = (
+                f"matmul {dtype}: measured at {n}x{n}, not {n_max}x{n_max} (a run took "
+                f"{statistics.median(times) * 1e3:.0f} ms): {rate / 1e9:.2f} GFLOP/s"
+            )
+            rates = out["matmul_flops_per_s"]
+            fastest = max(rates, key=rates.get, default=None)
+            if fastest is not None and rate < rates[fastest] / _SLOW_FACTOR:
+                note += f", {rates[fastest] / rate:.0f}x below {fastest}: no fast path for it here"
+        out["matmul_flops_per_s"][dtype] = rate
+        out["probes"][dtype] = _probe(n, times, note)
+    out["notes"] = _notes(out)
+    return out
 
 
-def ceilings(device_name: str = "cpu", refresh: bool = False) -> dict[str, Any]:
-    """The cached measurement for this device, thread count and torch; measured if missing."""
+def _notes(roofs: dict[str, Any]) -> list[str]:
+    """What to tell about a measurement: dtypes measured small, skipped, or not available."""
+    return [
+        *(probe["note"] for probe in roofs["probes"].values() if probe.get("note")),
+        *(
+            f"matmul {dtype}: not measured, the time budget was spent (a later run measures it)"
+            for dtype in roofs["skipped"]
+        ),
+        *(f"matmul {dtype}: torch has none on this device" for dtype in roofs["unsupported"]),
+    ]
+
+
+def ceilings(
+    device_name: str = "cpu",
+    refresh: bool = False,
+    budget_s: float = DEFAULT_BUDGET_S,
+    first: str | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """This device's roofs (the fields of `results.HardwareCeilings`): from the cache for this
+    device, thread count and torch, measuring only what it lacks (everything with `refresh`),
+    `first` dtype first, within `budget_s`. `sources` says where each probe's number came from.
+    """
     import torch
 
     key = f"{device_name}-{torch.get_num_threads()}threads-torch{torch.__version__}"
     if device_name == "cuda":
         key = f"{torch.cuda.get_device_name()}-{key}"
     path = _cache_path(key)
-    if path.is_file() and not refresh:
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError:
-            pass  # a damaged cache entry: measure again
-    result = measure(device_name)
+    cached = None if refresh else _read_cache(path)
+    order = sorted(MATMUL_DTYPES, key=lambda d: d != first)
+    known = set() if cached is None else {*cached["matmul_flops_per_s"], *cached["unsupported"]}
+    missing = [d for d in order if d not in known]
+    if cached is not None and not missing:
+        return _with_sources(cached, path, set())
+    measured = measure(device_name, budget_s, missing, cached is None, progress)
+    merged = measured if cached is None else _merge(cached, measured)
+    merged["notes"] = _notes(merged)
+    _write_cache(path, merged)
+    return _with_sources(merged, path, set(measured["probes"]))
+
+
+def _merge(cached: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    merged = {**cached, "method": measured["method"], "skipped": measured["skipped"]}
+    merged["matmul_flops_per_s"] = {
+        **cached["matmul_flops_per_s"],
+        **measured["matmul_flops_per_s"],
+    }
+    merged["probes"] = {**cached["probes"], **measured["probes"]}
+    merged["unsupported"] = [*cached["unsupported"], *measured["unsupported"]]
+    merged["notes"] = _notes(merged)
+    return merged
+
+
+def _read_cache(path: Path) -> dict[str, Any] | None:
+    """The cache entry, or None when absent, damaged, or written by an llmbench that did not
+    record its probes (measured again: it takes seconds)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("probes"), dict):
+        return None
+    data.setdefault("unsupported", [])
+    data["skipped"] = []  # what this call skips, not what an earlier one did
+    data["notes"] = _notes(data)
+    return data
+
+
+def _write_cache(path: Path, roofs: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
+    tmp.write_text(json.dumps({k: v for k, v in roofs.items() if k != "skipped"}, indent=2))
     tmp.replace(path)
-    return result
+
+
+def _with_sources(roofs: dict[str, Any], path: Path, measured_now: set[str]) -> dict[str, Any]:
+    """`roofs` without the bookkeeping keys, with `sources`: probe → "measured now" or
+    "cache <file> (measured <date>)"."""
+    out = {k: v for k, v in roofs.items() if k not in ("skipped", "unsupported")}
+    out["sources"] = {
+        name: "measured now"
+        if name in measured_now
+        else f"cache {path} (measured {_date(probe['measured_unix_s'])})"
+        for name, probe in roofs["probes"].items()
+    }
+    return out
+
+
+def _date(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(unix_s))
 
 
 # Datasheet peaks, dense (no 2:4 sparsity). `float32` is the non-tensor-core (vector) rate;
@@ -274,4 +477,3 @@ def datasheet_name_of(device_name: str) -> str | None:
         if all(part in words for part in pattern.split()):
             return key
     return None
-

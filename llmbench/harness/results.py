@@ -1,244 +1,292 @@
-"""The run folder: results.json (versioned schema), requests.jsonl, steps.jsonl.
+"""results.json: a run's typed, versioned result (`RunResult`), written and read here only.
 
-Everything a report needs is in the folder, with the provenance that makes two runs comparable:
-git sha, versions, device, model, dtype, spec hash, seed, and how busy the machine was.
+`write_results` writes the file atomically, `read_results` reads it back and checks its
+`schema_version`: the current version (2) is read strictly (a missing or unexpected key is an
+error naming it), version 1 is migrated (`_migrate_v1`: the keys version 2 added get the values
+a version-1 run had), anything else is refused in one line that names the file, the version
+found and the versions this llmbench reads. What each version holds is docs/results-schema.md.
+
+Provenance, roofline and telemetry are typed. `summary` stays a mapping, metric name → value:
+its ~25 keys are made (each with its `Formula:`) by `metrics.summarize` and documented in
+docs/results-schema.md, and typing them a second time here would be a second list to keep in
+step with the first. `spec` is the `RunSpec` as a mapping (`RunSpec.to_dict`): the spec module
+owns its fields. Mapping fields hold plain JSON values; "frozen" means no field is reassigned.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import platform
-import subprocess
-import sys
-import threading
-import time
-from importlib import metadata
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
-import psutil
+from llmbench.errors import UserError
 
-if TYPE_CHECKING:
-    from llmbench.harness.telemetry import Telemetry
-
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1 is migrated on read
+RESULTS_FILE = "results.json"
 
 
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
+@dataclass(frozen=True)
+class Device:
+    """What ran the model: cpu/cuda (`name`, `threads`, `kernels`), or remote (`url`)."""
+
+    type: str
+    name: str | None = None
+    threads: int | None = None
+    kernels: str | None = None
+    url: str | None = None
 
 
-def git_sha() -> str | None:
-    """The commit of the llmbench source in use (None outside a git checkout)."""
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=here,
-        capture_output=True,
-        text=True,
-        timeout=5,
-    ).stdout.strip()
-    return out.stdout.strip() + ("-dirty" if dirty else "")
+@dataclass(frozen=True)
+class MachineLoad:
+    """How busy the machine was around the run (`provenance.LoadMonitor`)."""
+
+    cpu_count: int
+    loadavg_1m_before: float
+    loadavg_1m_max_during: float
+    other_processes_cores_before: float | None  # cores other processes used just before
+    other_processes_cores: float | None  # mean cores other processes used during the run
+    is_busy: bool
+    own_pids: tuple[int, ...] = ()  # a local server under test: its CPU is the run's own
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+@dataclass(frozen=True)
+class Probe:
+    """One hardware probe as run: its size (bytes, or n of an n×n matmul), timed repeats, the
+    median seconds of one repeat, and when it ran (wall clock, a label)."""
+
+    size: int
+    repeats: int
+    seconds: float
+    measured_unix_s: float
+    note: str | None = None  # e.g. a matmul measured below full size: no fast path
 
 
-def _busy_cpu_s() -> float | None:
-    """CPU seconds all processes have spent busy since boot (/proc/stat; None off Linux)."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except OSError:
-        return None
-    user, nice, system, idle, iowait, irq, softirq = (int(v) for v in fields[:7])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+@dataclass(frozen=True)
+class HardwareCeilings:
+    """The measured roofs of the device (`hardware.ceilings`), and where each came from."""
+
+    device: str
+    device_type: str
+    threads: int
+    torch: str
+    copy_bytes_per_s: float  # read + write
+    read_bytes_per_s: float
+    matmul_flops_per_s: Mapping[str, float]  # dtype → FLOP/s; a dtype not measured is absent
+    method: str
+    notes: tuple[str, ...] = ()  # e.g. a dtype probed small (no fast path), or skipped
+    probes: Mapping[str, Probe] = field(default_factory=dict)  # "bandwidth" and each dtype
+    # "bandwidth" and each dtype → "measured now" or "cache <file> (measured <date>)"
+    sources: Mapping[str, str] = field(default_factory=dict)
 
 
-class LoadMonitor:
-    """How busy the machine was around a run: load average, and CPU used by *other* processes.
+@dataclass(frozen=True)
+class Provenance:
+    git_sha: str | None
+    versions: Mapping[str, str | None]  # package → version (python, llmbench, torch, ...)
+    host: str
+    platform: str
+    device: Device
+    model: str
+    dtype: str
+    backend: str
+    spec_hash: str
+    workload_hash: str
+    seed: int
+    machine_load: MachineLoad
+    created_unix_s: float
+    hardware: HardwareCeilings | None = None  # the measured roofs used, when there are any
 
-    On 2 cores a compile on the other core halves every number (FIELD-NOTES), so a run is
-    flagged busy when other processes kept more than a quarter of a core busy, on average, in
-    the second before it started or during it (all busy CPU time minus this process's own and
-    that of `own_pids`: a server under test on this machine is the run's work, not noise).
-    The 1-minute load average is kept too, but it lags: it stays high for a minute after the
-    previous run ended.
+
+@dataclass(frozen=True)
+class Roofs:
+    """The roofs utilisation is measured against, and where each number came from
+    ("measured now", "cache <file> (measured <date>)", "datasheet <name>")."""
+
+    label: str
+    read_bytes_per_s: float
+    flops_per_s: float | None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase's steps together (`roofline.phase_utilization`)."""
+
+    num_steps: float
+    seconds: float
+    bytes_per_s: float
+    flops_per_s: float
+    mbu: float | None
+    mfu: float | None
+    arithmetic_intensity: float | None
+
+
+@dataclass(frozen=True)
+class Roofline:
+    is_estimated: bool
+    method: str
+    dtype: str
+    weight_bytes_per_param: float
+    kv_bytes_per_elem: float
+    roofs: Roofs | None
+    datasheet_roofs: Roofs | None
+    phases: Mapping[str, Phase] = field(default_factory=dict)  # decode / prefill / mixed
+
+
+@dataclass(frozen=True)
+class TelemetryInfo:
+    interval_s: float
+    notes: tuple[str, ...] = ()
+    summary: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # column → stats
+
+
+@dataclass(frozen=True)
+class RunResult:
+    name: str
+    interrupted: bool  # stopped before the workload finished: the numbers cover what ended
+    stop_reason: str | None  # "SIGINT"/"SIGTERM"/"SIGHUP", or the engine's error; None: whole
+    is_rebuilt: bool  # rebuilt by `llmbench report` from the record files of a killed run
+    sweep_point: float | None
+    spec: Mapping[str, Any]
+    provenance: Provenance
+    summary: Mapping[str, Any]  # metric name → value (`metrics.summarize` + run-level keys)
+    roofline: Roofline | None
+    telemetry: TelemetryInfo
+
+
+def to_dict(result: RunResult) -> dict[str, Any]:
+    """The result as results.json holds it, `schema_version` first."""
+    return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(result)}
+
+
+def write_results(folder: Path, result: RunResult, name: str = RESULTS_FILE) -> Path:
+    """Write `folder/name` atomically (a folder that has results.json is whole)."""
+    path = folder / name
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_dict(result), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_results(path: Path) -> RunResult:
+    """Read a results file (a run folder's results.json when `path` is a folder).
+
+    Every problem is a `UserError` naming the file: missing, not JSON, a schema version this
+    llmbench does not read, a missing or unexpected key.
     """
-
-    def __init__(self, interval_s: float = 1.0, probe_s: float = 0.5, own_pids: tuple = ()):
-        self.own_pids = tuple(own_pids)
-        self.before = os.getloadavg()[0]
-        self.samples: list[float] = []
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._other_cpu_s: float | None = None
-        self._wall_s = 0.0
-        busy0, own0, t0 = _busy_cpu_s(), self._own_cpu_s(), time.perf_counter()
-        time.sleep(probe_s)
-        busy1 = _busy_cpu_s()
-        self._other_before: float | None = None
-        if busy0 is not None and busy1 is not None:
-            other = max(0.0, (busy1 - busy0) - (self._own_cpu_s() - own0))
-            self._other_before = round(other / (time.perf_counter() - t0), 2)
-
-    def __enter__(self) -> LoadMonitor:
-        self._t0 = time.perf_counter()
-        self._busy0, self._own0 = _busy_cpu_s(), self._own_cpu_s()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._wall_s = time.perf_counter() - self._t0
-        busy1 = _busy_cpu_s()
-        if busy1 is not None and self._busy0 is not None:
-            self._other_cpu_s = max(0.0, (busy1 - self._busy0) - (self._own_cpu_s() - self._own0))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.samples.append(os.getloadavg()[0])
-
-    def as_dict(self) -> dict[str, Any]:
-        cores = os.cpu_count() or 1
-        other = None
-        if self._other_cpu_s is not None and self._wall_s > 0:
-            other = round(self._other_cpu_s / self._wall_s, 2)
-        return {
-            "cpu_count": cores,
-            "loadavg_1m_before": round(self.before, 2),
-            "loadavg_1m_max_during": round(max(self.samples, default=self.before), 2),
-            "other_processes_cores_before": self._other_before,
-            "other_processes_cores": other,  # mean cores busy with other work during the run
-            "is_busy": any(v is not None and v > 0.25 for v in (self._other_before, other)),
-            "own_pids": list(self.own_pids),  # besides llmbench: a local server under test
-        }
-
-    def _own_cpu_s(self) -> float:
-        """CPU seconds of this process, its children and `own_pids` (gone ones count 0)."""
-        t = os.times()
-        total = t.user + t.system + t.children_user + t.children_system
-        for pid in self.own_pids:
-            try:
-                times = psutil.Process(pid).cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system + times.children_user + times.children_system
-        return total
-
-
-def local_server_pids(url: str) -> list[int]:
-    """The processes listening on the loopback port `url` names: a server under test on this
-    machine. [] for another host, or where the sockets cannot be read."""
-    parsed = urlparse(url)
-    if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
-        return []
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.is_file():
+        raise UserError(f"{path}: no such file; pass a folder that `llmbench run` wrote")
     try:
-        connections = psutil.net_connections(kind="tcp")
-    except (psutil.Error, OSError):
-        return []
-    return sorted(
-        {
-            c.pid
-            for c in connections
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid
-        }
-    )
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read it ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not an llmbench results file (not a JSON object)")
+    version = data.pop("schema_version", None)
+    if version == 1:
+        data = _migrate_v1(data, path)
+    elif version != SCHEMA_VERSION:
+        readable = ", ".join(str(v) for v in READABLE_VERSIONS)
+        found = "none" if version is None else repr(version)
+        newer = isinstance(version, int) and version > SCHEMA_VERSION
+        hint = "upgrade llmbench to read it" if newer else "is it an llmbench results file?"
+        raise UserError(
+            f"{path}: results schema_version {found}; this llmbench reads {readable}: {hint}"
+        )
+    return from_plain(RunResult, data, str(path))
 
 
-def provenance(
-    spec_dict: dict, spec_hash: str, workload_hash: str, device: dict, load: dict
-) -> dict[str, Any]:
-    return {
-        "git_sha": git_sha(),
-        "versions": {
-            "llmbench": _version("llmbench"),
-            "python": sys.version.split()[0],
-            "torch": _version("torch"),
-            "transformers": _version("transformers"),
-            "aiohttp": _version("aiohttp"),
-        },
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "device": device,
-        "model": spec_dict["model"],
-        "dtype": spec_dict["dtype"],
-        "backend": spec_dict["backend"]["kind"],
-        "spec_hash": spec_hash,
-        "workload_hash": workload_hash,
-        "seed": spec_dict["seed"],
-        "machine_load": load,
-        "created_unix_s": time.time(),  # wall clock only as a label; durations use perf_counter
-    }
+def _migrate_v1(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Version 1 → 2: the keys version 2 added, with what they meant in a version-1 run.
+
+    `stop_reason`: "SIGINT" when interrupted (Ctrl-C was the only way to interrupt a run);
+    `is_rebuilt`: false; the hardware block's `notes`, `probes`, `sources` and each roof's
+    `sources`: empty (version 1 did not record them). A version-1 file from before the roofline
+    was split by phase (`roofline` without `phases`) cannot be migrated: it is refused.
+    """
+    data = {**data}
+    data.setdefault("stop_reason", "SIGINT" if data.get("interrupted") else None)
+    data.setdefault("is_rebuilt", False)
+    roofline = data.get("roofline")
+    if isinstance(roofline, dict):
+        if "phases" not in roofline:
+            raise UserError(
+                f"{path}: results schema_version 1 from before `roofline.phases`; this llmbench "
+                "cannot migrate it: run the workload again"
+            )
+        data["roofline"] = roofline = {**roofline}
+        for key in ("roofs", "datasheet_roofs"):
+            if isinstance(roofline.get(key), dict):
+                roofline[key] = {"sources": {}, **roofline[key]}
+    provenance = data.get("provenance")
+    if isinstance(provenance, dict) and isinstance(provenance.get("hardware"), dict):
+        data["provenance"] = {**provenance}
+        data["provenance"]["hardware"] = {"notes": [], "probes": {}, "sources": {}}
+        data["provenance"]["hardware"].update(provenance["hardware"])
+    return data
 
 
-def write_run(
-    out_dir: Path,
-    results: dict[str, Any],
-    records: list,
-    steps: list[dict],
-    sessions: list,
-    telemetry: Telemetry | None = None,
-) -> None:
-    """Write the folder; results.json last and atomically, so a folder that has it is whole.
-
-    `steps` are roofline points (`roofline.cost_steps` / `estimate_decode_steps`)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if telemetry is not None:
-        telemetry.write_csv(out_dir / "telemetry.csv")
-    with (out_dir / "requests.jsonl").open("w") as f:
-        for record in records:
-            f.write(json.dumps(dataclasses.asdict(record)) + "\n")
-    with (out_dir / "steps.jsonl").open("w") as f:
-        for step in steps:
-            f.write(json.dumps(step) + "\n")
-    with (out_dir / "sessions.jsonl").open("w") as f:
-        for session in sessions:
-            f.write(json.dumps(dataclasses.asdict(session)) + "\n")
-    tmp = out_dir / "results.json.tmp"
-    tmp.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **results}, indent=2))
-    tmp.replace(out_dir / "results.json")
+def from_plain(cls: type, data: Any, where: str) -> Any:
+    """`data` (plain JSON values) as `cls`, a dataclass of this module; strict: a missing,
+    unexpected or mistyped key is a `UserError` naming `where` and the key path."""
+    return _convert(cls, data, where, "")
 
 
-def session_summary(sessions: list) -> dict[str, Any]:
-    """Job-level metrics: how long sessions took and where the time went."""
-    done = [s for s in sessions if s.num_requests]
-    if not done:
-        return {"num_sessions": 0}
+def _convert(tp: Any, value: Any, where: str, key: str) -> Any:
+    def bad(expected: str) -> UserError:
+        return UserError(f"{where}: {key or 'the file'}: expected {expected}, got {value!r:.60}")
 
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad("an object")
+        hints = get_type_hints(tp)
+        known = {f.name: f for f in dataclasses.fields(tp)}
+        for name in value:
+            if name not in known:
+                raise UserError(f"{where}: {_join(key, name)}: not a key of this schema")
+        kwargs = {}
+        for name, f in known.items():
+            if name in value:
+                kwargs[name] = _convert(hints[name], value[name], where, _join(key, name))
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise UserError(f"{where}: {_join(key, name)}: missing")
+        return tp(**kwargs)
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None and len(args) < len(get_args(tp)):
+            return None
+        return _convert(args[0], value, where, key)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise bad("a list")
+        return tuple(
+            _convert(get_args(tp)[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)
+        )
+    if origin is Mapping or origin is dict:
+        if not isinstance(value, dict):
+            raise bad("an object")
+        item = get_args(tp)[1]
+        return {k: _convert(item, v, where, _join(key, k)) for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad("a number")
+        return value
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise bad(tp.__name__)
+    return value
 
-    prompt = sum(s.prompt_tokens for s in done)
-    return {
-        "num_sessions": len(done),
-        "num_failed_sessions": sum(1 for s in done if s.num_failed),
-        "mean_session_s": mean([(s.end_ns - s.start_ns) / 1e9 for s in done]),
-        "mean_model_wait_s": mean([s.model_wait_ns / 1e9 for s in done]),
-        "mean_tool_wait_s": mean([s.tool_wait_ns / 1e9 for s in done]),
-        "mean_requests_per_session": mean([s.num_requests for s in done]),
-        "prefix_cache_hit_rate": sum(s.cached_tokens for s in done) / prompt if prompt else None,
-    }
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name

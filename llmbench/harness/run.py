@@ -1,32 +1,208 @@
-"""`llmbench run`: spec → backend → warm-up → measured sessions → run folder + summary."""
+"""`llmbench run`: spec → run folder checked → backend → roofs → workload → results + reports.
+
+The order keeps every measurement: the output folder is created and checked before anything
+slow; the hardware roofs are measured (or read from the cache) before the workload, with a
+progress line; `run-start.json` is written before the first request and each record is appended
+as it completes (`record_log`); SIGINT, SIGTERM and SIGHUP stop the workload and the run saves
+what it measured (`run_signals`); an engine crash ends it the same way, then re-raises.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from llmbench.errors import UserError
-from llmbench.harness import arrivals, metrics
+from llmbench.errors import BackendFailure, UserError
+from llmbench.harness import arrivals, provenance, run_roofs
 from llmbench.harness.driver import DriveOptions, Driver
+from llmbench.harness.record_log import RecordLog, read_steps
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import (
-    LoadMonitor,
-    cpu_name,
-    local_server_pids,
-    provenance,
-    session_summary,
-    write_run,
+    RESULTS_FILE,
+    RunResult,
+    TelemetryInfo,
+    write_results,
 )
+from llmbench.harness.run_signals import RunInterrupted, StopSignals, signal_name
+from llmbench.harness.run_summary import START_FILE, finish
 from llmbench.harness.spec import RunSpec
 from llmbench.harness.telemetry import Telemetry
 from llmbench.harness.telemetry import summarize as summarize_telemetry
 from llmbench.harness.workloads import Session, Tokens, build_sessions, sessions_hash
+
+NOT_FINISHED = "not finished: the run was under way when this was written"
+
+
+def execute(spec: RunSpec, out_dir: Path | None, write_reports: Callable[[Path], object]) -> Path:
+    """Run the spec (every sweep point) and write the run folder; returns its path.
+
+    `write_reports(folder)` renders the reports of a finished run or sweep folder (the reports
+    layer sits above this one, so the caller hands it in). A signal ends the run with its
+    results saved, then raises `RunInterrupted`; an engine crash likewise, then re-raises its
+    `BackendFailure`; a folder that cannot be written is a `UserError` before any work.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    root = out_dir or Path(spec.output_dir) / f"{spec.name}-{stamp}"
+    prepare_folder(root)
+    with StopSignals() as stop:
+        if not spec.load.sweep:
+            return _execute_point(spec, root, None, write_reports, stop)
+        try:
+            for value in arrivals.sweep_points(list(spec.load.sweep)):
+                folder = root / f"point-{value:g}"
+                prepare_folder(folder)
+                _execute_point(spec, folder, value, write_reports, stop)
+        except (RunInterrupted, BackendFailure):
+            if any(root.glob(f"point-*/{RESULTS_FILE}")):
+                with stop.saving():
+                    write_reports(root)
+            raise
+        with stop.saving():
+            write_reports(root)
+    if stop.signum is not None:
+        raise RunInterrupted(stop.signum)
+    return root
+
+
+def prepare_folder(folder: Path) -> None:
+    """Create `folder` and check a file can be written in it, or raise a one-line `UserError`
+    that names it (under a regular file, in /proc, read-only, no space...)."""
+    probe = folder / ".llmbench-write-check"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise UserError(
+            f"--out {folder}: cannot write there ({reason}); pass a folder you can write to"
+        ) from None
+
+
+def _execute_point(
+    spec: RunSpec,
+    folder: Path,
+    point: float | None,
+    write_reports: Callable[[Path], object],
+    stop: StopSignals,
+) -> Path:
+    backend, tokenizer, model_config = _open_backend(spec)
+    measured = run_roofs.measured_roofs(spec, backend)
+    roof_setup, cost_step = run_roofs.roofline_setup(spec, backend, model_config, measured)
+    tokens = Tokens(tokenizer.encode, tokenizer.decode)
+    sessions = build_sessions(spec.workload, spec.seed, tokens)
+    warm_spec = replace(spec.workload, sessions=spec.warmup_requests)
+    warmup = build_sessions(warm_spec, spec.seed, tokens, salt="warmup-")
+    for stale in (RESULTS_FILE, START_FILE):  # a reused folder: nothing left of the last run
+        (folder / stale).unlink(missing_ok=True)
+    log = RecordLog(folder, cost_step)
+    if spec.backend.kind == "engine":
+        backend.record_steps(log.step)
+    progress = Progress(sum(len(s.turns) for s in sessions))
+
+    def on_record(record: RequestRecord) -> None:
+        log.request(record)
+        progress(record)
+
+    driver = Driver(
+        backend,
+        tokenizer,
+        DriveOptions(spec.backend.api == "chat", spec.temperature, spec.ignore_eos),
+        on_record=on_record,
+    )
+    spec_dict = json.loads(json.dumps(spec.to_dict()))  # plain JSON values, as read back
+    own_pids = (
+        provenance.local_server_pids(spec.backend.url) if spec.backend.kind == "openai" else []
+    )
+    failure: BackendFailure | None = None
+    with (
+        provenance.LoadMonitor(own_pids=own_pids) as monitor,
+        Telemetry(csv_path=folder / "telemetry.csv") as telemetry,
+    ):
+        start = RunResult(
+            name=spec.name,
+            interrupted=True,
+            stop_reason=NOT_FINISHED,
+            is_rebuilt=False,
+            sweep_point=point,
+            spec=spec_dict,
+            provenance=provenance.collect(
+                spec_dict,
+                spec.hash(),
+                sessions_hash(sessions),
+                provenance.device_of(spec.backend.kind, backend, spec.backend.url),
+                monitor.load(),
+                measured,
+            ),
+            summary={},
+            roofline=roof_setup,
+            telemetry=TelemetryInfo(telemetry.interval_s, tuple(telemetry.notes)),
+        )
+        try:
+            asyncio.run(
+                _drive(
+                    driver,
+                    backend,
+                    spec,
+                    sessions,
+                    warmup,
+                    point,
+                    stop,
+                    on_started=lambda: write_results(folder, start, START_FILE),
+                )
+            )
+        except asyncio.CancelledError:
+            if stop.signum is None:
+                raise
+        except RunInterrupted:
+            pass  # a second signal during the workload: save what is there all the same
+        except BackendFailure as e:
+            failure = e
+    with stop.saving():
+        if spec.backend.kind == "engine":
+            backend.record_steps(None)
+        for stats in driver.result.sessions:
+            log.session(stats)
+        points = None
+        if spec.backend.kind == "openai" and roof_setup is not None:
+            points = run_roofs.estimated_points(spec, model_config, driver.result.records)
+            for p in points:
+                log.point(p)
+        log.close()
+        if stop.signum is not None:
+            print("\ninterrupted: saving what was measured", file=sys.stderr)
+            reason: str | None = signal_name(stop.signum)
+        else:
+            reason = None if failure is None else str(failure)
+        result = finish(
+            start,
+            driver.result.records,
+            read_steps(folder) if points is None else points,
+            driver.result.sessions,
+            replace(
+                start.telemetry,
+                notes=tuple(telemetry.notes),
+                summary=summarize_telemetry(telemetry.samples),
+            ),
+            monitor.load(),
+            reason,
+        )
+        write_results(folder, result)
+        (folder / START_FILE).unlink(missing_ok=True)  # results.json has all it had
+        print(format_summary(result), file=sys.stderr if point is not None else sys.stdout)
+        write_reports(folder)
+        print(folder, flush=True)
+    if failure is not None:
+        raise failure
+    if stop.signum is not None:
+        raise RunInterrupted(stop.signum)
+    return folder
 
 
 def _open_backend(spec: RunSpec):
@@ -70,30 +246,6 @@ def _open_backend(spec: RunSpec):
     return backend, backend.tokenizer, None
 
 
-def _device_info(spec: RunSpec, backend) -> dict[str, Any]:
-    if spec.backend.kind == "transformers":
-        import torch
-
-        return {
-            "type": "cpu",
-            "name": cpu_name(),
-            "threads": torch.get_num_threads(),
-            "kernels": "transformers.generate",
-        }
-    if spec.backend.kind == "engine":
-        import torch
-
-        device = backend.engine.device
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-        return {
-            "type": device.type,
-            "name": name,
-            "threads": torch.get_num_threads(),
-            "kernels": "torch reference ops",
-        }
-    return {"type": "remote", "url": spec.backend.url}
-
-
 class Progress:
     """One status line on stderr: requests done, output tokens/s, errors."""
 
@@ -128,12 +280,16 @@ async def _drive(
     sessions: list[Session],
     warmup: list[Session],
     point: float | None,
+    stop: StopSignals,
+    on_started: Callable[[], object],
 ) -> None:
+    stop.attach()
     try:
-        await backend.start()
-    except Exception as e:  # noqa: BLE001 — e.g. an unreachable server: the user's to fix
-        raise UserError(f"backend {spec.backend.kind}: {e}") from None
-    try:
+        try:
+            await backend.start()
+        except Exception as e:  # noqa: BLE001 — e.g. an unreachable server: the user's to fix
+            raise UserError(f"backend {spec.backend.kind}: {e}") from None
+        on_started()
         await driver.warm_up(warmup)
         # Everything allocated so far lives for the whole run: keep the garbage collector off
         # it, or a full collection (torch is imported) stalls every stream for 20-40 ms.
@@ -158,171 +314,18 @@ async def _drive(
                 offsets = offsets[: len(sessions)]
             await driver.run_open_loop(sessions, offsets)
     finally:
-        await backend.close()
-
-
-def execute(spec: RunSpec, out_dir: Path | None, write_reports: Callable[[Path], object]) -> Path:
-    """Run the spec (every sweep point) and write the run folder; returns its path.
-
-    `write_reports(folder)` renders the reports of a finished run or sweep folder (the reports
-    layer sits above this one, so the caller hands it in)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = out_dir or Path(spec.output_dir) / f"{spec.name}-{stamp}"
-    if not spec.load.sweep:
-        return _execute_point(spec, root, None, write_reports)
-    for value in arrivals.sweep_points(list(spec.load.sweep)):
-        _execute_point(spec, root / f"point-{value:g}", value, write_reports)
-    write_reports(root)
-    return root
-
-
-def _execute_point(
-    spec: RunSpec, folder: Path, point: float | None, write_reports: Callable[[Path], object]
-) -> Path:
-    backend, tokenizer, model_config = _open_backend(spec)
-    tokens = Tokens(tokenizer.encode, tokenizer.decode)
-    sessions = build_sessions(spec.workload, spec.seed, tokens)
-    warm_spec = replace(spec.workload, sessions=spec.warmup_requests)
-    warmup = build_sessions(warm_spec, spec.seed, tokens, salt="warmup-")
-    use_chat = spec.backend.api == "chat"
-    driver = Driver(
-        backend,
-        count_prompt_tokens=lambda messages: len(tokenizer.encode_chat(messages)),
-        render_prompt=tokenizer.apply_chat_template,
-        options=DriveOptions(use_chat, spec.temperature, spec.ignore_eos),
-        on_record=Progress(sum(len(s.turns) for s in sessions)),
-    )
-    interrupted = False
-    own_pids = local_server_pids(spec.backend.url) if spec.backend.kind == "openai" else []
-    with LoadMonitor(own_pids=own_pids) as monitor, Telemetry() as telemetry:
         try:
-            asyncio.run(_drive(driver, backend, spec, sessions, warmup, point))
-        except KeyboardInterrupt:
-            interrupted = True
-            print("\ninterrupted: saving what was measured", file=sys.stderr)
-    records = driver.result.records
-    summary = metrics.summarize(records, spec.slo)
-    summary["sessions"] = session_summary(driver.result.sessions)
-    load = monitor.as_dict()
-    summary["machine_busy"] = load["is_busy"]
-    spec_dict = spec.to_dict()
-    results = {
-        "name": spec.name,
-        "interrupted": interrupted,
-        "sweep_point": point,
-        "provenance": provenance(
-            spec_dict, spec.hash(), sessions_hash(sessions), _device_info(spec, backend), load
-        ),
-        "spec": spec_dict,
-        "summary": summary,
-        "telemetry": {
-            "interval_s": telemetry.interval_s,
-            "notes": telemetry.notes,
-            "summary": summarize_telemetry(telemetry.samples),
-        },
-    }
-    points, roof, measured = _roofline(spec, backend, model_config, records)
-    if measured is not None:
-        results["provenance"]["hardware"] = measured
-    if roof is not None:
-        results["roofline"] = roof
-        phases = roof["phases"]
-        summary["decode_mbu"] = phases.get("decode", {}).get("mbu")
-        summary["prefill_mfu"] = phases.get("prefill", {}).get("mfu")
-        summary["roofline_is_estimated"] = roof["is_estimated"]
-    write_run(folder, results, records, points, driver.result.sessions, telemetry)
-    print(format_summary(results), file=sys.stderr if point is not None else sys.stdout)
-    write_reports(folder)
-    print(folder)
-    if interrupted:
-        raise KeyboardInterrupt
-    return folder
+            await backend.close()
+        finally:
+            stop.drive_ended()
 
 
-def _roofline(
-    spec: RunSpec, backend, model_config, records: list[RequestRecord]
-) -> tuple[list[dict], dict | None, dict | None]:
-    """Roofline points, their per-phase share of the roofs, and the measured roofs used.
-
-    Engine backend: every engine step, costed (`roofline.cost_steps`), against the roofs
-    measured on the engine's device. OpenAI backend: decode windows estimated from the client's
-    token times (`roofline.estimate_decode_steps`), against `backend.hardware` when the spec
-    names it. The transformers baseline has neither steps nor a stream of its own: none.
-    """
-    from llmbench.harness import cost_model, hardware, roofline
-
-    measured = None
-    if spec.backend.kind == "engine":
-        engine = backend.engine
-        dtype = str(engine.dtype).removeprefix("torch.")
-        elem_bytes = engine.dtype.itemsize
-        points = roofline.cost_steps(model_config, backend.engine.step_records, elem_bytes, elem_bytes)
-        measured = hardware.ceilings(engine.device.type)
-        roofs = _measured_roofs(measured, dtype)
-        sheet_name = hardware.datasheet_name_of(measured["device"])
-    elif spec.backend.kind == "openai":
-        dtype = spec.dtype
-        elem_bytes = cost_model.BYTES_PER_ELEM[dtype]
-        ok = [r for r in records if not r.is_warmup]
-        points = roofline.estimate_decode_steps(model_config, ok, elem_bytes, elem_bytes)
-        roofs, sheet_name = None, None
-        if spec.backend.hardware == "measured":
-            measured = hardware.ceilings("cpu")
-            roofs = _measured_roofs(measured, dtype)
-        elif spec.backend.hardware is not None:
-            sheet_name = spec.backend.hardware
-    else:
-        return [], None, None
-    sheet = hardware.datasheet(sheet_name) if sheet_name else None
-    datasheet_roofs = None
-    if sheet is not None and sheet["flops_per_s"].get(dtype):
-        datasheet_roofs = {
-            "label": f"datasheet {sheet_name}",
-            "read_bytes_per_s": sheet["memory_bandwidth_bytes_per_s"],
-            "flops_per_s": sheet["flops_per_s"][dtype],
-        }
-    # MBU/MFU against the measured roofs; a remote server's only roofs may be its datasheet's.
-    peaks = roofs or datasheet_roofs
-    phases = roofline.phase_utilization(
-        points,
-        peaks and peaks["read_bytes_per_s"],
-        peaks and peaks["flops_per_s"],
-    )
-    return (
-        points,
-        {
-            "is_estimated": spec.backend.kind != "engine",
-            "method": (
-                "every engine step costed by the cost model"
-                if spec.backend.kind == "engine"
-                else "decode estimated from the client: a step per inter-token gap, batch = "
-                "streams in decode, context from the requests"
-            ),
-            "dtype": dtype,
-            "weight_bytes_per_param": elem_bytes,
-            "kv_bytes_per_elem": elem_bytes,
-            "roofs": peaks,
-            "datasheet_roofs": datasheet_roofs,
-            "phases": phases,
-        },
-        measured,
-    )
-
-
-def _measured_roofs(measured: dict, dtype: str) -> dict:
-    return {
-        "label": f"measured {measured['device']}",
-        "read_bytes_per_s": measured["read_bytes_per_s"],
-        "flops_per_s": measured["matmul_flops_per_s"][dtype],
-    }
-
-
-def format_summary(results: dict[str, Any]) -> str:
+def format_summary(result: RunResult) -> str:
     """The table printed after a run (also what `report.md` will start from)."""
-    s, p = results["summary"], results["provenance"]
+    s, p = result.summary, result.provenance
     header = (
-        f"{results['name']}: {p['backend']} {p['model']} {p['dtype']} on "
-        f"{p['device'].get('name', '?')} - {s['num_completed']} requests completed, "
+        f"{result.name}: {p.backend} {p.model} {p.dtype} on "
+        f"{p.device.name or p.device.url or '?'} - {s['num_completed']} requests completed, "
         f"{s['num_failed']} failed in {s['duration_s'] or 0:.1f} s"
     )
     lines = [
@@ -338,24 +341,25 @@ def format_summary(results: dict[str, Any]) -> str:
         lines.append(f"{name:<10}{cells}")
     hit = s.get("prefix_cache_hit_rate")
     lines.append(
-        f"throughput: {s['output_tok_per_s']:.1f} output tok/s, {s['input_tok_per_s']:.1f} input "
-        f"tok/s, {s['request_per_s']:.2f} req/s; goodput {s['goodput_request_per_s']:.2f} req/s; "
+        f"throughput: {_rate(s['output_tok_per_s'], '.1f')} output tok/s, "
+        f"{_rate(s['input_tok_per_s'], '.1f')} input tok/s, {_rate(s['request_per_s'], '.2f')} "
+        f"req/s; goodput {_rate(s['goodput_request_per_s'], '.2f')} req/s; "
         f"prefix-cache hit rate {'-' if hit is None else f'{hit:.2f}'}"
     )
-    roof = results.get("roofline") or {}
-    estimated = " (estimated from the client)" if roof.get("is_estimated") else ""
-    if roof.get("roofs"):
-        r = roof["roofs"]
+    roof = result.roofline
+    estimated = " (estimated from the client)" if roof and roof.is_estimated else ""
+    if roof is not None and roof.roofs is not None:
+        r = roof.roofs
         mbu, mfu = s.get("decode_mbu"), s.get("prefill_mfu")
+        flops = "-" if r.flops_per_s is None else f"{r.flops_per_s / 1e9:.0f}"
         lines.append(
             f"roofline{estimated}: decode MBU {'-' if mbu is None else f'{mbu:.2f}'}, prefill MFU "
-            f"{'-' if mfu is None else f'{mfu:.2f}'} against {r['label']} "
-            f"({r['read_bytes_per_s'] / 1e9:.1f} GB/s, {r['flops_per_s'] / 1e9:.0f} GFLOP/s "
-            f"{roof['dtype']})"
+            f"{'-' if mfu is None else f'{mfu:.2f}'} against {r.label} "
+            f"({r.read_bytes_per_s / 1e9:.1f} GB/s, {flops} GFLOP/s {roof.dtype})"
         )
-    elif roof.get("phases", {}).get("decode"):
+    elif roof is not None and "decode" in roof.phases:
         lines.append(
-            f"roofline{estimated}: decode at {roof['phases']['decode']['bytes_per_s'] / 1e9:.2f} "
+            f"roofline{estimated}: decode at {roof.phases['decode'].bytes_per_s / 1e9:.2f} "
             "GB/s achieved (set backend.hardware for MBU/MFU)"
         )
     sessions = s.get("sessions", {})
@@ -366,13 +370,18 @@ def format_summary(results: dict[str, Any]) -> str:
             f"{sessions['mean_tool_wait_s']:.1f} s)"
         )
     if s.get("machine_busy"):
-        load = p["machine_load"]
+        load = p.machine_load
         lines.append(
             f"WARNING: the machine was busy: other processes used "
-            f"{load['other_processes_cores_before']} cores just before the run and "
-            f"{load['other_processes_cores']} during it (of {load['cpu_count']}); "
+            f"{load.other_processes_cores_before} cores just before the run and "
+            f"{load.other_processes_cores} during it (of {load.cpu_count}); "
             f"the numbers are pessimistic"
         )
-    if results.get("interrupted"):
-        lines.append("interrupted: partial results")
+    if result.interrupted:
+        lines.append(f"interrupted ({result.stop_reason}): partial results")
     return "\n".join(lines)
+
+
+def _rate(value: float | None, spec: str) -> str:
+    """A rate as the table shows it: "-" when there is none (nothing completed)."""
+    return "-" if value is None else format(value, spec)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -66,9 +66,13 @@ class Telemetry:
     `gpu_index` is NVML's index; None means the first GPU CUDA would give this process (the
     first entry of CUDA_VISIBLE_DEVICES, else index 0). Anything that stops GPU sampling
     (no nvidia-ml-py, no driver, no such GPU) becomes a line in `notes`, never an exception.
+    With `csv_path`, every sample is also appended to that CSV as it is taken (header first,
+    each row flushed), so a run killed with `kill -9` keeps its telemetry too.
     """
 
-    def __init__(self, interval_s: float = 0.1, gpu_index: int | None = None) -> None:
+    def __init__(
+        self, interval_s: float = 0.1, gpu_index: int | None = None, csv_path: Path | None = None
+    ) -> None:
         if interval_s <= 0:
             raise ValueError(f"telemetry interval_s must be > 0, got {interval_s}")
         self.interval_s = interval_s
@@ -86,6 +90,9 @@ class Telemetry:
         self._first_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._csv_path = csv_path
+        self._csv_file: IO[str] | None = None
+        self._csv: Any = None  # csv.writer of _csv_file
 
     @property
     def samples(self) -> list[Sample]:
@@ -96,6 +103,11 @@ class Telemetry:
         self._gpu_readers = []
         self._open_gpu()
         self.columns = CPU_COLUMNS + tuple(name for name, _ in self._gpu_readers)
+        if self._csv_path is not None:
+            self._csv_file = self._csv_path.open("w", newline="")
+            self._csv = csv.writer(self._csv_file)
+            self._csv.writerow(self.columns)
+            self._csv_file.flush()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="llmbench-telemetry", daemon=True)
         self._thread.start()
@@ -115,6 +127,9 @@ class Telemetry:
             with contextlib.suppress(Exception):  # best effort: the samples are already taken
                 self._nvml.nvmlShutdown()
             self._nvml = None
+        if self._csv_file is not None:
+            self._csv_file.close()
+            self._csv_file = self._csv = None
         if self._num_skipped:
             self.notes.append(
                 f"telemetry skipped {self._num_skipped} sample(s); first error: {self._first_error}"
@@ -157,6 +172,9 @@ class Telemetry:
             }
             for name, read in self._gpu_readers:
                 sample[name] = read(self._nvml, self._gpu_handle)
+            if self._csv is not None:
+                self._csv.writerow([sample[c] for c in self.columns])
+                self._csv_file.flush()
         # Anything (psutil.AccessDenied, a lost GPU) costs this sample only: a dead sampler
         # thread would silently end the telemetry for the rest of the run.
         except Exception as e:
@@ -238,7 +256,7 @@ def summarize(samples: Sequence[Sample]) -> dict[str, dict[str, float]]:
         return {}
     summary: dict[str, dict[str, float]] = {}
     for column in samples[0]:
-        values = [sample[column] for sample in samples]
+        values = [sample[column] for sample in samples if column in sample]
         if column == "throttle_reasons":
             mask = 0
             for value in values:
@@ -247,3 +265,21 @@ def summarize(samples: Sequence[Sample]) -> dict[str, dict[str, float]]:
         elif column != "t_ns":
             summary[column] = {"mean": statistics.fmean(values), "max": max(values)}
     return summary
+
+
+def read_csv(path: Path) -> list[Sample]:
+    """The samples of a telemetry CSV ([] when absent); a row cut by a kill mid-write is
+    dropped, and so is an empty cell (a column the sample could not read)."""
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()  # cut by a kill mid-write
+    rows = list(csv.reader(lines))
+    header = rows[0] if rows else []
+    return [
+        {k: float(v) for k, v in zip(header, row, strict=True) if v != ""}
+        for row in rows[1:]
+        if len(row) == len(header)
+    ]

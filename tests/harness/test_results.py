@@ -1,96 +1,191 @@
-"""Run-folder helpers: the busy-machine flag and the session summary."""
+"""results.json: the typed `RunResult` round trip, the schema version check, v1 migration."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
+import json
 
-from llmbench.harness.driver import SessionStats
-from llmbench.harness.results import LoadMonitor, local_server_pids, session_summary
+import pytest
 
-
-def test_a_busy_other_process_flags_the_run():
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.5)
-        with LoadMonitor() as monitor:
-            time.sleep(1.0)
-    finally:
-        spinner.kill()
-        spinner.wait()
-    load = monitor.as_dict()
-    assert load["other_processes_cores"] > 0.5  # the spinner keeps one core busy
-    assert load["other_processes_cores_before"] > 0.5
-    assert load["is_busy"] is True
+from llmbench.errors import UserError
+from llmbench.harness import results
+from llmbench.harness.results import (
+    Device,
+    HardwareCeilings,
+    MachineLoad,
+    Phase,
+    Probe,
+    Provenance,
+    Roofline,
+    Roofs,
+    RunResult,
+    TelemetryInfo,
+)
 
 
-def test_a_local_server_under_test_is_not_counted_as_other_load():
-    """The same spinning process, counted as other load and then as the run's own server."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.3)
-        loads = []
-        for own_pids in ((), (spinner.pid,)):
-            with LoadMonitor(own_pids=own_pids) as monitor:
-                time.sleep(1.0)
-            loads.append(monitor.as_dict())
-    finally:
-        spinner.kill()
-        spinner.wait()
-    counted, excluded = loads
-    assert excluded["own_pids"] == [spinner.pid]
-    # The spinner keeps a core busy: excluding it takes (about) a core off "other".
-    assert excluded["other_processes_cores"] < counted["other_processes_cores"] - 0.5
-    assert excluded["other_processes_cores_before"] < counted["other_processes_cores_before"] - 0.5
-
-
-def test_local_server_pids_finds_the_listener_on_loopback_only():
-    code = (
-        "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-        "print(s.getsockname()[1], flush=True); time.sleep(30)"
+def a_result() -> RunResult:
+    """A result with every block filled, nested values included."""
+    load = MachineLoad(2, 0.5, 0.75, 0.1, 0.2, False, (4242,))
+    hardware = HardwareCeilings(
+        device="AMD EPYC",
+        device_type="cpu",
+        threads=2,
+        torch="2.13.0+cpu",
+        copy_bytes_per_s=16.6e9,
+        read_bytes_per_s=19e9,
+        matmul_flops_per_s={"float32": 98e9, "float16": 2.5e9},
+        method="median of up to 5 runs",
+        notes=("matmul float16: measured at 512x512",),
+        probes={
+            "read": Probe(268435456, 5, 0.014, 1_795_000_000.5),
+            "float16": Probe(512, 5, 0.1, 1_795_000_001.0, "matmul float16: measured at 512x512"),
+        },
+        sources={"read": "measured now", "float16": "cache /c/x.json (measured 2026-11-22 10:00)"},
     )
-    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(server.stdout.readline())
-        assert local_server_pids(f"http://127.0.0.1:{port}/v1") == [server.pid]
-        assert local_server_pids(f"http://localhost:{port}") == [server.pid]
-        assert local_server_pids(f"http://10.1.2.3:{port}/v1") == []  # not this machine
-    finally:
-        server.kill()
-        server.wait()
+    roofs = Roofs("measured AMD EPYC", 19e9, 98e9, {"read_bytes_per_s": "measured now"})
+    return RunResult(
+        name="chat",
+        interrupted=True,
+        stop_reason="SIGTERM",
+        is_rebuilt=False,
+        sweep_point=4.0,
+        spec={"name": "chat", "slo": {"ttft_ms": 200}, "load": {"sweep": [1, 2]}},
+        provenance=Provenance(
+            git_sha="abc-dirty",
+            versions={"python": "3.11.7", "torch": None},
+            host="vm",
+            platform="Linux",
+            device=Device("cpu", "AMD EPYC", 2, "torch reference ops"),
+            model="synthetic:tiny",
+            dtype="float32",
+            backend="engine",
+            spec_hash="0123",
+            workload_hash="4567",
+            seed=0,
+            machine_load=load,
+            created_unix_s=1_795_000_000.25,
+            hardware=hardware,
+        ),
+        summary={"ttft_ms": {"mean": 1.5, "p50": None, "count": 3}, "num_completed": 3},
+        roofline=Roofline(
+            is_estimated=False,
+            method="every engine step costed by the cost model",
+            dtype="float32",
+            weight_bytes_per_param=4,
+            kv_bytes_per_elem=4,
+            roofs=roofs,
+            datasheet_roofs=None,
+            phases={"decode": Phase(10, 0.5, 1e9, 2e9, 0.05, 0.02, 2.0)},
+        ),
+        telemetry=TelemetryInfo(0.1, ("no NVML",), {"rss_bytes": {"mean": 1.0, "max": 2}}),
+    )
 
 
-def test_session_summary_by_hand():
-    sessions = [
-        SessionStats(
-            "a",
-            start_ns=0,
-            end_ns=4_000_000_000,
-            model_wait_ns=3_000_000_000,
-            tool_wait_ns=1_000_000_000,
-            num_requests=3,
-            prompt_tokens=300,
-            cached_tokens=200,
-        ),
-        SessionStats(
-            "b",
-            start_ns=0,
-            end_ns=2_000_000_000,
-            model_wait_ns=2_000_000_000,
-            num_requests=1,
-            num_failed=1,
-            prompt_tokens=100,
-            cached_tokens=0,
-        ),
-    ]
-    summary = session_summary(sessions)
-    assert summary == {
-        "num_sessions": 2,
-        "num_failed_sessions": 1,
-        "mean_session_s": 3.0,
-        "mean_model_wait_s": 2.5,
-        "mean_tool_wait_s": 0.5,
-        "mean_requests_per_session": 2.0,
-        "prefix_cache_hit_rate": 0.5,  # (200 + 0) / (300 + 100)
-    }
+def test_round_trip_write_read_equal(tmp_path):
+    result = a_result()
+    path = results.write_results(tmp_path, result)
+    assert path == tmp_path / "results.json"
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 2
+    assert results.read_results(tmp_path) == result
+    assert results.read_results(path) == result  # the file or its folder
+    assert not (tmp_path / "results.json.tmp").exists()  # written atomically
+
+
+def test_a_result_without_roofline_or_hardware_round_trips(tmp_path):
+    result = a_result()
+    bare = RunResult(
+        **{
+            **vars(result),
+            "roofline": None,
+            "provenance": Provenance(**{**vars(result.provenance), "hardware": None}),
+        }
+    )
+    results.write_results(tmp_path, bare)
+    assert results.read_results(tmp_path) == bare
+
+
+def _write(tmp_path, data) -> None:
+    (tmp_path / "results.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "version, found, hint",
+    [
+        (3, "3", "upgrade llmbench to read it"),
+        (99, "99", "upgrade llmbench to read it"),
+        (0, "0", "is it an llmbench results file?"),
+        ("2", "'2'", "is it an llmbench results file?"),
+        (None, "none", "is it an llmbench results file?"),
+    ],
+)
+def test_an_unknown_schema_version_is_refused_in_one_line(tmp_path, version, found, hint):
+    data = results.to_dict(a_result())
+    if version is None:
+        del data["schema_version"]
+    else:
+        data["schema_version"] = version
+    _write(tmp_path, data)
+    with pytest.raises(UserError) as error:
+        results.read_results(tmp_path)
+    path = tmp_path / "results.json"
+    assert str(error.value) == (
+        f"{path}: results schema_version {found}; this llmbench reads 1, 2: {hint}"
+    )
+
+
+def test_a_missing_or_unexpected_key_is_named(tmp_path):
+    data = json.loads(json.dumps(results.to_dict(a_result())))
+    del data["provenance"]["machine_load"]["is_busy"]
+    _write(tmp_path, data)
+    with pytest.raises(UserError, match=r"results.json: provenance.machine_load.is_busy: missing"):
+        results.read_results(tmp_path)
+    data["provenance"]["machine_load"]["is_busy"] = "yes"
+    _write(tmp_path, data)
+    with pytest.raises(UserError, match=r"machine_load.is_busy: expected bool, got 'yes'"):
+        results.read_results(tmp_path)
+    data["provenance"]["machine_load"]["is_busy"] = True
+    data["roofline"]["colour"] = "red"
+    _write(tmp_path, data)
+    with pytest.raises(UserError, match=r"roofline.colour: not a key of this schema"):
+        results.read_results(tmp_path)
+
+
+def test_not_json_and_no_file_are_one_line_errors(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        results.read_results(tmp_path)
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON"):
+        results.read_results(tmp_path)
+
+
+def version_1(result: RunResult) -> dict:
+    """What a schema_version 1 writer wrote for the same run."""
+    data = json.loads(json.dumps(results.to_dict(result)))
+    data["schema_version"] = 1
+    for key in ("stop_reason", "is_rebuilt"):
+        del data[key]
+    for key in ("notes", "probes", "sources"):
+        del data["provenance"]["hardware"][key]
+    del data["roofline"]["roofs"]["sources"]
+    return data
+
+
+def test_version_1_is_migrated(tmp_path):
+    result = a_result()
+    _write(tmp_path, version_1(result))
+    migrated = results.read_results(tmp_path)
+    assert migrated.stop_reason == "SIGINT"  # interrupted, and Ctrl-C was v1's only way
+    assert migrated.is_rebuilt is False
+    hardware = migrated.provenance.hardware
+    assert (hardware.notes, hardware.probes, hardware.sources) == ((), {}, {})
+    assert hardware.matmul_flops_per_s == result.provenance.hardware.matmul_flops_per_s
+    assert migrated.roofline.roofs.sources == {}
+    assert migrated.roofline.phases == result.roofline.phases
+    assert migrated.summary == result.summary
+
+
+def test_version_1_from_before_phases_is_refused(tmp_path):
+    data = version_1(a_result())
+    data["roofline"]["decode"] = data["roofline"].pop("phases")["decode"]
+    _write(tmp_path, data)
+    with pytest.raises(UserError, match="schema_version 1 from before `roofline.phases`"):
+        results.read_results(tmp_path)

@@ -1,4 +1,5 @@
-"""`llmbench run` end to end on a tiny model: the run folder, the summary, and partial runs."""
+"""`llmbench run` end to end on a tiny model: the run folder, the summary, the roofline, an
+engine crash in the middle of a run (in-process, through the harness entry point)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,9 @@ def test_run_shipped_workload_writes_a_complete_folder(tmp_path, workload):
     assert result.stdout.strip().splitlines()[-1] == str(out)  # the folder is the last line
     assert "ttft_ms" in result.stdout and "prefix-cache hit rate" in result.stdout
     results = json.loads((out / "results.json").read_text())
-    assert results["schema_version"] == 1
+    assert results["schema_version"] == 2
+    assert results["interrupted"] is False and results["stop_reason"] is None
+    assert not (out / "run-start.json").exists()  # results.json holds all it had
     summary = results["summary"]
     requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     measured = [r for r in requests if not r["is_warmup"]]
@@ -84,8 +87,13 @@ def test_run_shipped_workload_writes_a_complete_folder(tmp_path, workload):
     )
     steps = (out / "steps.jsonl").read_text().splitlines()
     assert steps and "num_prefill_tokens" in json.loads(steps[0])
-    # The roofline: every phase's achieved share of the measured roofs.
+    # The roofline: every phase's achieved share of the measured roofs, which say where they
+    # came from (measured now, or the cache and its date).
     assert prov["hardware"]["read_bytes_per_s"] > 0
+    sources = results["roofline"]["roofs"]["sources"]
+    assert sources["read_bytes_per_s"] == prov["hardware"]["sources"]["read"]
+    assert sources["flops_per_s"] == prov["hardware"]["sources"]["float32"]
+    assert sources["flops_per_s"] == "measured now" or sources["flops_per_s"].startswith("cache ")
     assert 0 < summary["decode_mbu"] and 0 < summary["prefill_mfu"]
     assert results["roofline"]["phases"]["decode"]["num_steps"] > 0
     # Telemetry on the run's clock: samples between the first send and the last reply.
@@ -109,43 +117,6 @@ def test_same_seed_same_requests(tmp_path):
         assert llmbench("run", "rag", *TINY, *SMALL["rag"], "--out", str(out)).returncode == 0
         hashes.append(json.loads((out / "results.json").read_text())["provenance"]["workload_hash"])
     assert hashes[0] == hashes[1]
-
-
-def test_interrupted_run_keeps_what_it_measured(tmp_path):
-    out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmbench",
-            "run",
-            "agentic",
-            *TINY,
-            "--set",
-            "workload.sessions=40",
-            "--set",
-            "load.concurrency=1",
-            "--set",
-            "workload.tool_latency_s=0.2",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(12)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
-    results = json.loads((out / "results.json").read_text())
-    assert results["interrupted"] is True
-    assert results["summary"]["num_completed"] >= 1
-    assert "Traceback" not in stderr
-    # The partial run is reported too, and says so.
-    assert (
-        "The run was interrupted: these are partial results." in (out / "report.html").read_text()
-    )
 
 
 def test_bad_workload_is_one_line(tmp_path):
@@ -279,6 +250,7 @@ def test_sweep_writes_one_result_per_point(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == [
+        "figures",  # the sweep curves as PNGs
         "point-1",
         "point-2",
         "report.html",
@@ -354,36 +326,105 @@ def test_a_failing_server_is_counted_and_the_run_completes(tmp_path, mode):
     assert all(reason in r["error"] for r in failed)
 
 
-def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
-    """A remote server on an H100: MBU of the estimated decode against the datasheet's 3.35
-    TB/s; without `backend.hardware`, achieved numbers only."""
-    from llmbench.engine.presets import PRESETS
-    from llmbench.harness.cost_model import decode_cost
-    from llmbench.harness.records import RequestRecord
-    from llmbench.harness.run import _roofline
-    from llmbench.harness.spec import load_spec
+def test_prepare_folder_makes_it_or_names_it_in_one_line(tmp_path):
+    from llmbench.errors import UserError
+    from llmbench.harness.run import prepare_folder
 
-    spec_file = tmp_path / "remote.yaml"
-    spec_file.write_text("dtype: bfloat16\nbackend: {kind: openai, url: 'http://x/v1'}\n")
-    # One stream decoding alone: 11 tokens 1 ms apart after a 10-token prompt.
-    record = RequestRecord(
-        "r",
-        "s",
-        0,
-        scheduled_ns=0,
-        sent_ns=0,
-        end_ns=10_000_000,
-        num_prompt_tokens=10,
-        chunk_ns=[i * 1_000_000 for i in range(11)],
-        chunk_tokens=[1] * 11,
+    prepare_folder(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").is_dir() and not any((tmp_path / "a" / "b").iterdir())
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    for bad in (regular / "run", Path("/proc/llmbench-run")):
+        with pytest.raises(UserError) as error:
+            prepare_folder(bad)
+        assert str(error.value).startswith(f"--out {bad}: cannot write there (")
+        assert str(error.value).endswith("); pass a folder you can write to")
+
+
+def _crash_after(num_calls: int, target, error: Exception):
+    """`target` that works `num_calls` times, then raises `error`."""
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > num_calls:
+            raise error
+        return target(*args, **kwargs)
+
+    return wrapped
+
+
+NO_HANG_S = 120  # a run that does not end by then hangs
+
+
+@pytest.mark.parametrize("where", ["forward", "sampler"])
+def test_an_engine_crash_ends_the_run_with_its_error_and_keeps_the_results(
+    tmp_path, monkeypatch, where
+):
+    """The model's forward pass (or the sampler) raises after 80 calls, in the middle of the
+    measured requests (the warm-up takes 32 steps, the first turns about 33 more): `execute`
+    saves what was measured, then raises the engine's error."""
+    import threading
+
+    from llmbench.engine import model, runner
+    from llmbench.errors import BackendFailure
+    from llmbench.harness.run import execute
+    from llmbench.harness.spec import load_spec
+    from llmbench.workloads import __file__ as workloads_init
+
+    if where == "forward":
+        error = RuntimeError("injected forward failure")
+        forward = model.LlamaModel.forward
+        monkeypatch.setattr(model.LlamaModel, "forward", _crash_after(80, forward, error))
+    else:
+        error = ValueError("injected sampler failure")
+        monkeypatch.setattr(runner, "sample", _crash_after(80, runner.sample, error))
+    overrides = [o for o in [*TINY, *SMALL["agentic"]] if o != "--set"]
+    spec = load_spec(Path(workloads_init).parent / "agentic.yaml", overrides)
+    out, reported, raised = tmp_path / "run", [], []
+
+    def run() -> None:
+        try:
+            execute(spec, out, reported.append)
+        except BaseException as e:  # noqa: BLE001 — handed to the test's thread
+            raised.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(NO_HANG_S)
+    assert not thread.is_alive(), "the run hangs after the engine crashed"
+    (failure,) = raised
+    name = f"{type(error).__name__}: {error}"
+    assert isinstance(failure, BackendFailure)
+    assert str(failure) == f"the engine stopped: {name}"
+    assert reported == [out]  # the reports of the partial run
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] is True
+    assert results["stop_reason"] == f"the engine stopped: {name}"
+    summary = results["summary"]
+    assert summary["num_completed"] >= 1 and summary["num_failed"] >= 1
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    failed = [r for r in requests if r["error"]]
+    assert failed and all(name in r["error"] for r in failed)
+    assert len(requests) < 1 + 11  # the run stopped: not every turn of the workload was sent
+    steps = (out / "steps.jsonl").read_text().splitlines()
+    # A step is recorded once its forward pass and sampling are done; a chunked prefill step
+    # with no token to sample does not call the sampler.
+    assert len(steps) == 80 if where == "forward" else len(steps) >= 80
+
+
+def test_the_summary_table_of_a_run_stopped_before_any_request():
+    """A signal during the warm-up: no request measured, and the table still prints."""
+    import dataclasses
+
+    from llmbench.harness.metrics import summarize
+    from llmbench.harness.run import format_summary
+    from tests.harness.test_results import a_result
+
+    result = dataclasses.replace(
+        a_result(), summary=summarize([]), roofline=None, stop_reason="SIGTERM"
     )
-    config = PRESETS["llama-3.1-8b"]
-    step = decode_cost(config, 1, 16, 2, 2)  # contexts 11..20: mean 15.5 → 16
-    for hardware, mbu in (("h100", step.bytes / 1e-3 / 3.35e12), (None, None)):
-        overrides = [f"backend.hardware={hardware}"] if hardware else []
-        points, roof, measured = _roofline(load_spec(spec_file, overrides), None, config, [record])
-        assert measured is None and roof["is_estimated"] and len(points) == 1
-        decode = roof["phases"]["decode"]
-        assert decode["bytes_per_s"] == pytest.approx(step.bytes / 1e-3)
-        assert decode["mbu"] == (None if mbu is None else pytest.approx(mbu))
-    assert roof["roofs"] is None and roof["datasheet_roofs"] is None
+    table = format_summary(result)
+    assert "0 requests completed, 0 failed in 0.0 s" in table
+    assert "throughput: - output tok/s, - input tok/s, - req/s; goodput - req/s" in table
+    assert table.endswith("interrupted (SIGTERM): partial results")

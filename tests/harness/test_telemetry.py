@@ -14,7 +14,13 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from llmbench.harness.telemetry import CPU_COLUMNS, GPU_COLUMNS, Telemetry, summarize
+from llmbench.harness.telemetry import (
+    CPU_COLUMNS,
+    GPU_COLUMNS,
+    Telemetry,
+    read_csv,
+    summarize,
+)
 
 
 @pytest.fixture
@@ -79,6 +85,30 @@ def test_csv_has_the_cpu_columns_and_one_row_per_sample(no_pynvml, tmp_path):
         assert float(row[1]) == sample["process_cpu_percent"]
         assert float(row[2]) == sample["system_cpu_percent"]
     assert not (tmp_path / "telemetry.csv.tmp").exists()
+
+
+def test_with_csv_path_each_sample_is_on_disk_while_sampling(no_pynvml, tmp_path):
+    """A run killed mid-way keeps its telemetry: rows are flushed as they are taken."""
+    path = tmp_path / "telemetry.csv"
+    with Telemetry(interval_s=0.02, csv_path=path) as tel:
+        _burn_cpu(0.15)
+        on_disk = read_csv(path)  # read while the sampler still runs
+        assert len(on_disk) >= 1
+        assert on_disk == [{k: float(v) for k, v in s.items()} for s in tel.samples[: len(on_disk)]]
+    assert read_csv(path) == [{k: float(v) for k, v in s.items()} for s in tel.samples]
+    assert path.read_text().splitlines()[0] == ",".join(CPU_COLUMNS)
+
+
+def test_read_csv_drops_a_row_cut_by_a_kill_and_empty_cells(tmp_path):
+    path = tmp_path / "telemetry.csv"
+    path.write_text("t_ns,rss_bytes,power_w\n1,10,\n2,20,5.5\n3,3")
+    assert read_csv(path) == [
+        {"t_ns": 1.0, "rss_bytes": 10.0},
+        {"t_ns": 2.0, "rss_bytes": 20.0, "power_w": 5.5},
+    ]
+    assert read_csv(tmp_path / "none.csv") == []
+    # A column some samples lack is summarised over the samples that have it.
+    assert summarize(read_csv(path))["rss_bytes"] == {"mean": 15.0, "max": 20.0}
 
 
 def test_without_nvml_a_note_says_so_and_there_are_no_gpu_columns(no_pynvml):

@@ -49,7 +49,7 @@ class TransformersBackend:
                 "first (or install llmbench[reference])"
             ) from None
         from llmbench.engine import model_store
-        from llmbench.engine.tokenizer import IncrementalDetokenizer
+        from llmbench.engine.detokenizer import IncrementalDetokenizer
         from llmbench.engine.weights import open_weights
 
         if threads:

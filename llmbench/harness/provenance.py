@@ -1,0 +1,207 @@
+"""Where a run's numbers come from: git sha, versions, host, device, model, hashes, and how busy
+the machine was around it — what makes two runs comparable.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import psutil
+
+from llmbench.harness.results import Device, HardwareCeilings, MachineLoad, Provenance
+
+# The packages whose versions a result records: the ones that change the numbers.
+_VERSIONED_PACKAGES = ("llmbench", "torch", "transformers", "aiohttp")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_sha() -> str | None:
+    """The commit of the llmbench source in use (None outside a git checkout)."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_of(backend_kind: str, backend: Any, url: str | None) -> Device:
+    """What ran the model: this CPU or GPU (engine, transformers) or a server at `url`."""
+    if backend_kind == "openai":
+        return Device(type="remote", url=url)
+    import torch
+
+    if backend_kind == "transformers":
+        return Device("cpu", cpu_name(), torch.get_num_threads(), "transformers.generate")
+    device = backend.engine.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    return Device(device.type, name, torch.get_num_threads(), "torch reference ops")
+
+
+def collect(
+    spec_dict: dict[str, Any],
+    spec_hash: str,
+    workload_hash: str,
+    device: Device,
+    load: MachineLoad,
+    hardware: HardwareCeilings | None,
+) -> Provenance:
+    """The provenance block of a run's result, taken now."""
+    return Provenance(
+        git_sha=git_sha(),
+        versions={
+            "python": sys.version.split()[0],
+            **{package: _version(package) for package in _VERSIONED_PACKAGES},
+        },
+        host=platform.node(),
+        platform=platform.platform(),
+        device=device,
+        model=spec_dict["model"],
+        dtype=spec_dict["dtype"],
+        backend=spec_dict["backend"]["kind"],
+        spec_hash=spec_hash,
+        workload_hash=workload_hash,
+        seed=spec_dict["seed"],
+        machine_load=load,
+        created_unix_s=time.time(),  # wall clock only as a label; durations use perf_counter
+        hardware=hardware,
+    )
+
+
+def _busy_cpu_s() -> float | None:
+    """CPU seconds all processes have spent busy since boot (/proc/stat; None off Linux)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, idle, iowait, irq, softirq = (int(v) for v in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class LoadMonitor:
+    """How busy the machine was around a run: load average, and CPU used by *other* processes.
+
+    On 2 cores a compile on the other core halves every number, so a run is flagged busy when
+    other processes kept more than a quarter of a core busy, on average, in the second before it
+    started or during it (all busy CPU time minus this process's own and that of `own_pids`: a
+    server under test on this machine is the run's work, not noise). The 1-minute load average
+    is kept too, but it lags: it stays high for a minute after the previous run ended.
+    """
+
+    def __init__(self, interval_s: float = 1.0, probe_s: float = 0.5, own_pids: tuple = ()):
+        self.own_pids = tuple(own_pids)
+        self.before = os.getloadavg()[0]
+        self.samples: list[float] = []
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._other_cpu_s: float | None = None
+        self._wall_s = 0.0
+        busy0, own0, t0 = _busy_cpu_s(), self._own_cpu_s(), time.perf_counter()
+        time.sleep(probe_s)
+        busy1 = _busy_cpu_s()
+        self._other_before: float | None = None
+        if busy0 is not None and busy1 is not None:
+            other = max(0.0, (busy1 - busy0) - (self._own_cpu_s() - own0))
+            self._other_before = round(other / (time.perf_counter() - t0), 2)
+
+    def __enter__(self) -> LoadMonitor:
+        self._t0 = time.perf_counter()
+        self._busy0, self._own0 = _busy_cpu_s(), self._own_cpu_s()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._wall_s = time.perf_counter() - self._t0
+        busy1 = _busy_cpu_s()
+        if busy1 is not None and self._busy0 is not None:
+            self._other_cpu_s = max(0.0, (busy1 - self._busy0) - (self._own_cpu_s() - self._own0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def load(self) -> MachineLoad:
+        """The load so far (inside the `with`, `other_processes_cores` is None: not over yet)."""
+        other = None
+        if self._other_cpu_s is not None and self._wall_s > 0:
+            other = round(self._other_cpu_s / self._wall_s, 2)
+        return MachineLoad(
+            cpu_count=os.cpu_count() or 1,
+            loadavg_1m_before=round(self.before, 2),
+            loadavg_1m_max_during=round(max(self.samples, default=self.before), 2),
+            other_processes_cores_before=self._other_before,
+            other_processes_cores=other,  # mean cores busy with other work during the run
+            is_busy=any(v is not None and v > 0.25 for v in (self._other_before, other)),
+            own_pids=self.own_pids,  # besides llmbench: a local server under test
+        )
+
+    def _own_cpu_s(self) -> float:
+        """CPU seconds of this process, its children and `own_pids` (gone ones count 0)."""
+        t = os.times()
+        total = t.user + t.system + t.children_user + t.children_system
+        for pid in self.own_pids:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+        return total
+
+
+def local_server_pids(url: str) -> list[int]:
+    """The processes listening on the loopback port `url` names: a server under test on this
+    machine. [] for another host, or where the sockets cannot be read."""
+    parsed = urlparse(url)
+    if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return []
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return []
+    return sorted(
+        {
+            c.pid
+            for c in connections
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid
+        }
+    )

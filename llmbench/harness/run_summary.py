@@ -1,0 +1,156 @@
+"""A run's result from its records: the summary, session metrics and roofline phases, the same
+whether the run has just ended or `llmbench report` rebuilds it from the folder of a killed run.
+
+A run writes `run-start.json` (a `RunResult` with an empty summary: spec, provenance, roofs)
+before its first request, then appends its records (`record_log`). `finish` turns the start and
+the records into the full result; `rebuild` does it from the files alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from llmbench.harness import metrics, record_log, roofline, telemetry
+from llmbench.harness.driver import SessionStats
+from llmbench.harness.records import RequestRecord
+from llmbench.harness.results import (
+    RESULTS_FILE,
+    MachineLoad,
+    Phase,
+    RunResult,
+    TelemetryInfo,
+    read_results,
+    write_results,
+)
+
+START_FILE = "run-start.json"
+KILLED = "killed: rebuilt from the record files by `llmbench report`"
+
+
+def session_summary(sessions: Sequence[SessionStats]) -> dict[str, Any]:
+    """Job-level metrics: how long sessions took and where the time went.
+
+    Formula: means over the sessions that sent a request; prefix_cache_hit_rate =
+    Σ cached prompt tokens / Σ prompt tokens of their requests.
+    """
+    done = [s for s in sessions if s.num_requests]
+    if not done:
+        return {"num_sessions": 0}
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    prompt = sum(s.prompt_tokens for s in done)
+    return {
+        "num_sessions": len(done),
+        "num_failed_sessions": sum(1 for s in done if s.num_failed),
+        "mean_session_s": mean([(s.end_ns - s.start_ns) / 1e9 for s in done]),
+        "mean_model_wait_s": mean([s.model_wait_ns / 1e9 for s in done]),
+        "mean_tool_wait_s": mean([s.tool_wait_ns / 1e9 for s in done]),
+        "mean_requests_per_session": mean([s.num_requests for s in done]),
+        "prefix_cache_hit_rate": sum(s.cached_tokens for s in done) / prompt if prompt else None,
+    }
+
+
+def sessions_from_requests(records: Sequence[RequestRecord]) -> list[SessionStats]:
+    """Each session's numbers from its measured requests, for a run killed before it wrote
+    sessions.jsonl. The time between a reply and the next turn's scheduled send stands in for
+    the tool or think time (it also holds the few milliseconds of preparing the request).
+
+    Formula: start = first scheduled send, end = last end, model wait = Σ (end − sent),
+    tool wait = Σ max(0, scheduled(k) − end(k − 1)).
+    """
+    by_session: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if not r.is_warmup:
+            by_session.setdefault(r.session_id, []).append(r)
+    sessions = []
+    for session_id, turns in by_session.items():
+        turns.sort(key=lambda r: r.turn)
+        sessions.append(
+            SessionStats(
+                session_id,
+                start_ns=turns[0].scheduled_ns,
+                end_ns=turns[-1].end_ns,
+                model_wait_ns=sum(r.end_ns - r.sent_ns for r in turns),
+                tool_wait_ns=sum(max(0, b.scheduled_ns - a.end_ns) for a, b in pairwise(turns)),
+                num_requests=len(turns),
+                num_failed=sum(not r.ok for r in turns),
+                prompt_tokens=sum(r.num_prompt_tokens for r in turns),
+                cached_tokens=sum(r.cached_tokens or 0 for r in turns),
+            )
+        )
+    return sessions
+
+
+def finish(
+    start: RunResult,
+    records: Sequence[RequestRecord],
+    points: Sequence[dict[str, Any]],
+    sessions: Sequence[SessionStats],
+    telemetry_info: TelemetryInfo,
+    load: MachineLoad,
+    stop_reason: str | None,
+    is_rebuilt: bool = False,
+) -> RunResult:
+    """The result of a run that started as `start`: the summary of its requests and sessions,
+    the roofline phases of its steps (`points`) against the roofs chosen at the start."""
+    summary = metrics.summarize(records, dict(start.spec.get("slo") or {}))
+    summary["sessions"] = session_summary(sessions)
+    summary["machine_busy"] = load.is_busy
+    roof = start.roofline
+    if roof is not None:
+        peaks = roof.roofs
+        phases = roofline.phase_utilization(
+            points, peaks and peaks.read_bytes_per_s, peaks and peaks.flops_per_s
+        )
+        roof = dataclasses.replace(
+            roof, phases={name: Phase(**values) for name, values in phases.items()}
+        )
+        summary["decode_mbu"] = phases.get("decode", {}).get("mbu")
+        summary["prefill_mfu"] = phases.get("prefill", {}).get("mfu")
+        summary["roofline_is_estimated"] = roof.is_estimated
+    return dataclasses.replace(
+        start,
+        interrupted=stop_reason is not None,
+        stop_reason=stop_reason,
+        is_rebuilt=is_rebuilt,
+        provenance=dataclasses.replace(start.provenance, machine_load=load),
+        summary=summary,
+        roofline=roof,
+        telemetry=telemetry_info,
+    )
+
+
+def can_rebuild(folder: Path) -> bool:
+    """A folder whose run started (run-start.json) but never wrote results.json."""
+    return (folder / START_FILE).is_file() and not (folder / RESULTS_FILE).is_file()
+
+
+def rebuild(folder: Path) -> RunResult:
+    """results.json of a killed run, from run-start.json and the record files; written into
+    the folder and returned. The sessions come from sessions.jsonl or, when the run did not
+    get to write it, from the requests; the telemetry from telemetry.csv. The openai backend's
+    estimated decode points are made at the end of a run, so its rebuilt roofline is empty."""
+    start = read_results(folder / START_FILE)
+    records = record_log.read_requests(folder)
+    rows = record_log.read_sessions(folder)
+    sessions = [SessionStats(**row) for row in rows] if rows else sessions_from_requests(records)
+    samples = telemetry.read_csv(folder / "telemetry.csv")
+    info = dataclasses.replace(start.telemetry, summary=telemetry.summarize(samples))
+    result = finish(
+        start,
+        records,
+        record_log.read_steps(folder),
+        sessions,
+        info,
+        start.provenance.machine_load,
+        stop_reason=KILLED,
+        is_rebuilt=True,
+    )
+    write_results(folder, result)
+    return result

@@ -1,0 +1,183 @@
+"""`llmbench run` and `report` in a subprocess: signals, kills, crashes and bad paths keep what
+was measured, with real exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness.test_run import SMALL, TINY, llmbench
+
+# A long run: 40 agentic sessions one at a time, 0.2 s of tool time between turns.
+LONG = [
+    "--set",
+    "workload.sessions=40",
+    "--set",
+    "load.concurrency=1",
+    "--set",
+    "workload.tool_latency_s=0.2",
+]
+NO_HANG_S = 120
+
+
+def start_run(out: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmbench",
+            "run",
+            "agentic",
+            *TINY,
+            *LONG,
+            *args,
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_records(proc: subprocess.Popen, out: Path, count: int) -> None:
+    """Until requests.jsonl holds `count` lines (the warm-up's included)."""
+    deadline = time.monotonic() + NO_HANG_S
+    path = out / "requests.jsonl"
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        if path.is_file() and len(path.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"no {count} records in {NO_HANG_S} s")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_mid_run_keeps_the_results(tmp_path, signum):
+    """SIGTERM (`timeout`, `docker stop`, CI), SIGHUP (a closed terminal) and Ctrl-C: the run
+    saves what it measured, writes its reports and exits 128 + the signal."""
+    out = tmp_path / "run"
+    proc = start_run(out)
+    wait_for_records(proc, out, 3)  # the warm-up and two measured requests
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=NO_HANG_S)
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, stderr
+    assert {143: "SIGTERM", 129: "SIGHUP", 130: "SIGINT"}[proc.returncode] == name
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == f"interrupted by {name}"
+    assert stdout.strip().splitlines()[-1] == str(out)
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] is True and results["stop_reason"] == name
+    assert results["summary"]["num_completed"] >= 2
+    assert results["summary"]["num_completed"] < 40 * 2  # it did stop early
+    for report in ("report.html", "report.md"):
+        assert "partial results" in (out / report).read_text()
+    assert not (out / "run-start.json").exists()
+
+
+@pytest.mark.parametrize("where", ["under a regular file", "in /proc"])
+def test_an_unwritable_out_fails_before_any_work(tmp_path, where):
+    """One line naming the path, exit 2, in about the time Python takes to start: the model
+    (a path that does not exist) is never opened, or the error would be about it."""
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    out = regular / "run" if where == "under a regular file" else Path("/proc/llmbench-run")
+    t0 = time.monotonic()
+    result = llmbench("run", "chat", "--set", f"model={tmp_path}/no-model", "--out", str(out))
+    elapsed_s = time.monotonic() - t0
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --out {out}: cannot write there ("), (
+        result.stderr
+    )
+    assert lines[0].endswith("pass a folder you can write to")
+    assert elapsed_s < 6, elapsed_s
+
+
+def test_kill_9_leaves_the_records_and_report_rebuilds_the_summary(tmp_path):
+    out = tmp_path / "run"
+    proc = start_run(out)
+    wait_for_records(proc, out, 4)
+    proc.kill()  # SIGKILL: nothing of llmbench runs after this
+    proc.communicate(timeout=NO_HANG_S)
+    assert not (out / "results.json").exists() and (out / "run-start.json").is_file()
+    text = (out / "requests.jsonl").read_text()
+    lines = text.splitlines()
+    if not text.endswith("\n"):
+        lines.pop()  # cut by the kill
+    records = [json.loads(line) for line in lines]
+    assert len(records) >= 4
+    assert (out / "steps.jsonl").read_text().splitlines()  # the engine's steps too
+
+    result = llmbench("report", str(out))
+    assert result.returncode == 0, result.stderr
+    completed = sum(1 for r in records if not r["is_warmup"] and r["error"] is None)
+    assert result.stderr.strip() == (
+        f"{out}: no results.json (the run was killed): rebuilt it from requests.jsonl and "
+        f"steps.jsonl ({completed} requests completed)"
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert results["is_rebuilt"] is True and results["interrupted"] is True
+    assert results["stop_reason"].startswith("killed")
+    assert results["summary"]["num_completed"] == completed
+    assert results["summary"]["sessions"]["num_sessions"] >= 1
+    assert results["roofline"]["phases"]["decode"]["num_steps"] > 0
+    assert (out / "report.html").is_file() and (out / "report.md").is_file()
+    assert llmbench("report", str(out)).stderr == ""  # once rebuilt, read as it is
+
+
+# The fault comes from outside: this wrapper makes the model's forward pass raise after 80 calls
+# (the warm-up takes 32), then runs the real CLI. No file of the project is changed.
+CRASHING = """
+import sys
+from llmbench.engine import model
+forward, calls = model.LlamaModel.forward, [0]
+def crashing(self, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] > 80:
+        raise RuntimeError("injected forward failure")
+    return forward(self, *args, **kwargs)
+model.LlamaModel.forward = crashing
+from llmbench.cli.main import main
+sys.argv = ["llmbench", *sys.argv[1:]]
+main()
+"""
+
+
+def test_an_engine_crash_is_one_line_exit_1_and_the_results_are_kept(tmp_path):
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-c", CRASHING, "run", "agentic", *TINY, *SMALL["agentic"]]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=NO_HANG_S,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    error = "the engine stopped: RuntimeError: injected forward failure"
+    assert result.stderr.strip().splitlines()[-1] == f"error: {error}"
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] is True and results["stop_reason"] == error
+    assert results["summary"]["num_failed"] >= 1
+    assert "partial results" in (out / "report.md").read_text()
+
+
+def test_report_refuses_an_unknown_schema_version_in_one_line(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"schema_version": 99, "name": "from the future"}))
+    for command in ("report", "export"):
+        result = llmbench(command, str(tmp_path))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip() == (
+            f"error: {path}: results schema_version 99; this llmbench reads 1, 2: "
+            "upgrade llmbench to read it"
+        )

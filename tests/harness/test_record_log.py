@@ -1,0 +1,69 @@
+"""The record files: every line on disk as soon as its record ends, readable after a kill."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from llmbench.errors import UserError
+from llmbench.harness import record_log
+from llmbench.harness.driver import SessionStats
+from llmbench.harness.record_log import RecordLog
+from llmbench.harness.records import RequestRecord
+
+
+def a_record(i: int) -> RequestRecord:
+    return RequestRecord(f"s{i}-t0", f"s{i}", 0, scheduled_ns=i, sent_ns=i + 1, end_ns=i + 9)
+
+
+def lines_within(path, count: int, timeout_s: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines()
+        if len(lines) >= count:
+            return lines
+        time.sleep(0.01)
+    return path.read_text().splitlines()
+
+
+def test_records_reach_the_disk_before_the_log_closes(tmp_path):
+    log = RecordLog(tmp_path, cost_step=lambda step: {"costed": step})
+    log.request(a_record(1))
+    log.step(7)  # anything the cost function takes: an engine StepRecord in a run
+    lines = lines_within(tmp_path / "requests.jsonl", 1)
+    assert json.loads(lines[0])["request_id"] == "s1-t0"  # flushed while the run goes on
+    assert lines_within(tmp_path / "steps.jsonl", 1) == ['{"costed": 7}']
+    log.request(a_record(2))
+    log.session(SessionStats("s1", num_requests=1))
+    log.point({"phase": "decode"})
+    log.close()
+    assert [r.request_id for r in record_log.read_requests(tmp_path)] == ["s1-t0", "s2-t0"]
+    assert record_log.read_steps(tmp_path) == [{"costed": 7}, {"phase": "decode"}]
+    assert record_log.read_sessions(tmp_path)[0]["session_id"] == "s1"
+
+
+def test_opening_a_log_starts_the_files_over(tmp_path):
+    (tmp_path / "requests.jsonl").write_text('{"old": 1}\n')
+    RecordLog(tmp_path).close()
+    assert (tmp_path / "requests.jsonl").read_text() == ""
+
+
+def test_a_line_cut_by_a_kill_is_dropped(tmp_path):
+    good = json.dumps({"a": 1})
+    (tmp_path / "steps.jsonl").write_text(f'{good}\n{{"a": 2, "b"')
+    assert record_log.read_steps(tmp_path) == [{"a": 1}]
+
+
+def test_a_bad_line_in_the_middle_is_named(tmp_path):
+    (tmp_path / "steps.jsonl").write_text('{"a": 1}\nnope\n{"a": 3}\n')
+    with pytest.raises(UserError, match=r"steps.jsonl:2: not valid JSON"):
+        record_log.read_steps(tmp_path)
+
+
+def test_a_failed_write_is_reported_at_close(tmp_path):
+    log = RecordLog(tmp_path, cost_step=lambda step: 1 / 0)
+    log.step(1)
+    with pytest.raises(UserError, match="writing the records failed: steps.jsonl: ZeroDivision"):
+        log.close()

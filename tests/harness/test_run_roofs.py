@@ -1,0 +1,97 @@
+"""The roofs a run is measured against: measured, cached or from a datasheet, each number with
+its source; the openai backend's estimated decode points."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmbench.errors import UserError
+from llmbench.harness import run_roofs
+from llmbench.harness.results import HardwareCeilings, Roofs
+
+
+def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
+    """A remote server on an H100: MBU of the estimated decode against the datasheet's 3.35
+    TB/s; without `backend.hardware`, achieved numbers only."""
+    from llmbench.engine.presets import PRESETS
+    from llmbench.harness.cost_model import decode_cost
+    from llmbench.harness.records import RequestRecord
+    from llmbench.harness.roofline import phase_utilization
+    from llmbench.harness.run_roofs import estimated_points, roofline_setup
+    from llmbench.harness.spec import load_spec
+
+    spec_file = tmp_path / "remote.yaml"
+    spec_file.write_text("dtype: bfloat16\nbackend: {kind: openai, url: 'http://x/v1'}\n")
+    # One stream decoding alone: 11 tokens 1 ms apart after a 10-token prompt.
+    record = RequestRecord(
+        "r",
+        "s",
+        0,
+        scheduled_ns=0,
+        sent_ns=0,
+        end_ns=10_000_000,
+        num_prompt_tokens=10,
+        chunk_ns=[i * 1_000_000 for i in range(11)],
+        chunk_tokens=[1] * 11,
+    )
+    config = PRESETS["llama-3.1-8b"]
+    step = decode_cost(config, 1, 16, 2, 2)  # contexts 11..20: mean 15.5 → 16
+    for hardware, mbu in (("h100", step.bytes / 1e-3 / 3.35e12), (None, None)):
+        spec = load_spec(spec_file, [f"backend.hardware={hardware}"] if hardware else [])
+        setup, cost_step = roofline_setup(spec, None, config, None)
+        assert cost_step is None and setup.is_estimated and setup.phases == {}
+        points = estimated_points(spec, config, [record])
+        assert len(points) == 1
+        roofs = setup.roofs
+        decode = phase_utilization(
+            points, roofs and roofs.read_bytes_per_s, roofs and roofs.flops_per_s
+        )["decode"]
+        assert decode["bytes_per_s"] == pytest.approx(step.bytes / 1e-3)
+        assert decode["mbu"] == (None if mbu is None else pytest.approx(mbu))
+    assert setup.roofs is None and setup.datasheet_roofs is None
+
+
+def measured(matmul: dict[str, float]) -> HardwareCeilings:
+    return HardwareCeilings(
+        device="NVIDIA H100 80GB HBM3",
+        device_type="cuda",
+        threads=1,
+        torch="2.13.0",
+        copy_bytes_per_s=2.9e12,
+        read_bytes_per_s=3.0e12,
+        matmul_flops_per_s=matmul,
+        method="m",
+        sources={"read": "measured now", "bfloat16": "cache /c.json (measured 2026-11-22 10:00)"},
+    )
+
+
+SHEET = Roofs("datasheet H100-SXM", 3.35e12, 989e12, {})
+
+
+def test_measured_roofs_say_where_each_number_came_from():
+    roofs = run_roofs._measured_roofs(measured({"bfloat16": 700e12}), "bfloat16", SHEET)
+    assert (roofs.read_bytes_per_s, roofs.flops_per_s) == (3.0e12, 700e12)
+    assert roofs.label == "measured NVIDIA H100 80GB HBM3"
+    assert roofs.sources == {
+        "read_bytes_per_s": "measured now",
+        "flops_per_s": "cache /c.json (measured 2026-11-22 10:00)",
+    }
+
+
+def test_a_dtype_the_budget_skipped_takes_the_datasheet_rate_or_none():
+    roofs = run_roofs._measured_roofs(measured({}), "bfloat16", SHEET)
+    assert roofs.flops_per_s == 989e12
+    assert roofs.sources["flops_per_s"] == "datasheet H100-SXM"
+    bare = run_roofs._measured_roofs(measured({}), "bfloat16", None)
+    assert bare.flops_per_s is None and bare.read_bytes_per_s == 3.0e12
+    assert bare.sources["flops_per_s"].startswith("none: bfloat16 matmul not measured")
+
+
+def test_the_roofs_budget_comes_from_the_environment(monkeypatch):
+    assert run_roofs._roofs_budget_s(60.0) == 60.0
+    monkeypatch.setenv("LLMBENCH_ROOFS_BUDGET_S", "2.5")
+    assert run_roofs._roofs_budget_s(60.0) == 2.5
+    for bad in ("soon", "0", "nan"):
+        monkeypatch.setenv("LLMBENCH_ROOFS_BUDGET_S", bad)
+        with pytest.raises(UserError, match=f"LLMBENCH_ROOFS_BUDGET_S={bad}: give a number"):
+            run_roofs._roofs_budget_s(60.0)
