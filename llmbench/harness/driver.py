@@ -63,6 +63,7 @@ class SessionStats:
     num_failed: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    repetition: int = 1  # which measured repetition of the workload it belongs to
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None  # why the request failed; None when it completed
     is_warmup: bool = False
+    repetition: int = 1  # which measured repetition of the workload (`--repeat`) it belongs to
 
     @property
     def num_output_tokens(self) -> int:
