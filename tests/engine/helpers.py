@@ -1,4 +1,4 @@
-"""Builders shared by engine tests: tiny random HF checkpoints written to a folder."""
+"""Builders shared by tests: tiny random HF checkpoints, a tool definition, injected faults."""
 
 from __future__ import annotations
 
@@ -75,3 +75,31 @@ def run_staggered(engine, prompts, params, arrive_every: int) -> dict[str, list[
             tokens[out.request_id] += out.new_token_ids
         step += 1
     return tokens
+
+
+# An OpenAI function tool, as agent clients send it.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Today's weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def crash_after(num_calls: int, target, error: Exception):
+    """`target` that works `num_calls` times, then raises `error` (an injected engine fault)."""
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > num_calls:
+            raise error
+        return target(*args, **kwargs)
+
+    return wrapped

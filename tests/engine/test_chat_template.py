@@ -16,6 +16,7 @@ from llmbench.engine.chat_template import (
     tool_turns_as_text,
 )
 from llmbench.engine.tokenizer import Tokenizer
+from tests.engine.helpers import WEATHER_TOOL
 
 # Plain ChatML, as SmolLM2 ships it: no `tools`, no `tool_calls`.
 CHATML = (
@@ -63,18 +64,6 @@ HERMES = """{%- if tools %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Today's weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 CALL = {
     "id": "call_1",
     "type": "function",
@@ -126,19 +115,19 @@ def test_a_template_with_tools_renders_as_transformers_does(add_generation_promp
     for messages in (CONVERSATION[:2], CONVERSATION):
         expected = reference.apply_chat_template(
             with_dict_arguments(messages),
-            tools=[WEATHER],
+            tools=[WEATHER_TOOL],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
         )
         # Ours takes the API's shape, arguments as a JSON string, and parses them as vLLM does.
-        text = ChatTemplate(HERMES).render(messages, add_generation_prompt, tools=[WEATHER])
+        text = ChatTemplate(HERMES).render(messages, add_generation_prompt, tools=[WEATHER_TOOL])
         assert text == expected
     assert '"arguments": {"city": "Paris"}' in text  # the full conversation, rendered last
 
 
 def test_a_template_without_tools_gets_them_in_the_system_message() -> None:
-    text = ChatTemplate(CHATML).render(CONVERSATION[:2], tools=[WEATHER])
-    tool_line = json.dumps(WEATHER)
+    text = ChatTemplate(CHATML).render(CONVERSATION[:2], tools=[WEATHER_TOOL])
+    tool_line = json.dumps(WEATHER_TOOL)
     expected = (
         "<|im_start|>system\nBe brief.\n\n# Tools\n\n"
         "You may call one or more of the functions below to answer the user. Their signatures "
@@ -156,7 +145,7 @@ def test_a_template_without_tools_gets_them_in_the_system_message() -> None:
 
 
 def test_without_a_system_message_the_tools_get_one_of_their_own() -> None:
-    text = ChatTemplate(CHATML).render([{"role": "user", "content": "hi"}], tools=[WEATHER])
+    text = ChatTemplate(CHATML).render([{"role": "user", "content": "hi"}], tools=[WEATHER_TOOL])
     assert text.startswith("<|im_start|>system\n# Tools\n\n")
     assert text.endswith("<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
@@ -223,7 +212,7 @@ def test_arguments_that_are_not_a_json_object_reach_the_template_as_given() -> N
 def test_tokenizer_chat_methods_pass_tools_through() -> None:
     tok = Tokenizer.byte_level()  # ChatML, no tools
     messages = [{"role": "user", "content": "hi"}]
-    text = tok.apply_chat_template(messages, tools=[WEATHER])
-    assert text == ChatTemplate(CHATML).render(messages, tools=[WEATHER])
-    assert tok.encode_chat(messages, tools=[WEATHER]) == tok.encode(text)
-    assert len(tok.encode_chat(messages, tools=[WEATHER])) > len(tok.encode_chat(messages))
+    text = tok.apply_chat_template(messages, tools=[WEATHER_TOOL])
+    assert text == ChatTemplate(CHATML).render(messages, tools=[WEATHER_TOOL])
+    assert tok.encode_chat(messages, tools=[WEATHER_TOOL]) == tok.encode(text)
+    assert len(tok.encode_chat(messages, tools=[WEATHER_TOOL])) > len(tok.encode_chat(messages))

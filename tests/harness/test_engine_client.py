@@ -13,6 +13,7 @@ from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import BackendFailure
 from llmbench.harness.engine_client import EngineClient
+from tests.engine.helpers import crash_after
 
 NO_HANG_S = 10.0  # far above any step of the tiny model; a hang fails here, not in CI's limit
 
@@ -69,28 +70,15 @@ def test_a_consumer_that_leaves_early_aborts_its_request(engine):
     assert num_used_blocks == 0
 
 
-def _crash_after(num_calls: int, target, error: Exception):
-    """`target` that works `num_calls` times, then raises `error`."""
-    calls = {"n": 0}
-
-    def wrapped(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > num_calls:
-            raise error
-        return target(*args, **kwargs)
-
-    return wrapped
-
-
 @pytest.mark.parametrize("where", ["forward", "sampler"])
 def test_a_crash_ends_every_waiting_request_at_once(monkeypatch, where):
     engine = LLMEngine(EngineConfig(model="synthetic:tiny", device="cpu", max_num_seqs=8))
     if where == "forward":
         error = RuntimeError("injected forward failure")
-        monkeypatch.setattr(engine.model, "forward", _crash_after(3, engine.model.forward, error))
+        monkeypatch.setattr(engine.model, "forward", crash_after(3, engine.model.forward, error))
     else:
         error = ValueError("injected sampler failure")
-        monkeypatch.setattr(runner, "sample", _crash_after(3, runner.sample, error))
+        monkeypatch.setattr(runner, "sample", crash_after(3, runner.sample, error))
 
     async def main():
         client = EngineClient(engine)

@@ -58,18 +58,6 @@ _CHAINS = [
     ["assistant", "Checking.", "<tool_call>", CALL_JSON, "</tool_call>", "<|im_end|>"],
     ["Sunny,", "22C", "in", "Paris.", "<|im_end|>"],
 ]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Today's weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def write_tool_model(folder: Path) -> Path:

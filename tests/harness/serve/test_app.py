@@ -20,6 +20,7 @@ import llmbench
 from llmbench.engine import runner
 from llmbench.errors import UserError
 from llmbench.harness.serve import ServeConfig, build_app, run_server
+from tests.engine.helpers import crash_after
 from tests.harness.serve.helpers import serving, tiny_engine
 
 NAME = "my-served-name"
@@ -265,19 +266,6 @@ def test_port_in_use_is_a_user_error(engine):
             run_server(engine, ServeConfig(NAME), port=port, stop=threading.Event())
 
 
-def _crash_after(num_calls: int, target, error: Exception):
-    """`target` that works `num_calls` times, then raises `error`."""
-    calls = {"n": 0}
-
-    def wrapped(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > num_calls:
-            raise error
-        return target(*args, **kwargs)
-
-    return wrapped
-
-
 async def _read_stream(session, url: str, body: dict) -> list[Any]:
     async with session.post(url, json={**body, "stream": True}) as response:
         assert response.status == 200
@@ -293,10 +281,10 @@ def test_engine_crash_ends_open_streams_and_turns_the_server_unhealthy(monkeypat
     engine = tiny_engine()
     if where == "forward":
         error = RuntimeError("injected forward failure")
-        monkeypatch.setattr(engine.model, "forward", _crash_after(3, engine.model.forward, error))
+        monkeypatch.setattr(engine.model, "forward", crash_after(3, engine.model.forward, error))
     else:
         error = ValueError("injected sampler failure")
-        monkeypatch.setattr(runner, "sample", _crash_after(3, runner.sample, error))
+        monkeypatch.setattr(runner, "sample", crash_after(3, runner.sample, error))
     name = f"{type(error).__name__}: {error}"
 
     async def go():

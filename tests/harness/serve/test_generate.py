@@ -20,12 +20,11 @@ import pytest
 from llmbench.engine.engine import LLMEngine
 from llmbench.engine.sampling import SamplingParams
 from llmbench.harness.serve import ServeConfig
-from tests.engine.helpers import write_tiny_checkpoint
+from tests.engine.helpers import WEATHER_TOOL, write_tiny_checkpoint
 from tests.harness.serve.helpers import (
     ANSWER_REPLY,
     CALL_JSON,
     ID,
-    WEATHER_TOOL,
     serving,
     tiny_engine,
     write_tool_model,
