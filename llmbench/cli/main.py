@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from llmbench.cli.compare import compare
 from llmbench.cli.generate import generate
 from llmbench.cli.models import inspect, models
 from llmbench.cli.roofline import hardware_command, roofline
@@ -26,6 +27,7 @@ def cli() -> None:
 
 for command in (generate, run, report, export, serve, hardware_command, roofline, inspect, models):
     cli.add_command(command)
+cli.add_command(compare)
 
 
 def main() -> None:

@@ -40,7 +40,8 @@ def _interval(result: GateResult) -> str:
     return f"{n.new_low:.4g} … {n.new_high:.4g}"
 
 
-def _row(result: GateResult) -> tuple[str, ...]:
+def gate_row(result: GateResult) -> tuple[str, ...]:
+    """One gate's cells, in `HEADER` order."""
     n, unit = result.numbers, result.gate.info.unit
     return (
         result.gate.name,
@@ -90,7 +91,7 @@ def _notes(comparison: Comparison) -> list[str]:
 def render_table(comparison: Comparison) -> str:
     """A plain-text table for a terminal: title, both sides, one aligned row per gate, notes."""
     header = HEADER[:4] + (_ci_label(comparison), HEADER[5])
-    rows = [header] + [_row(r) for r in comparison.results]
+    rows = [header] + [gate_row(r) for r in comparison.results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [_title(comparison), *_sides(comparison), ""]
     for k, row in enumerate(rows):
@@ -118,7 +119,7 @@ def render_markdown(comparison: Comparison) -> str:
     lines += [f"- {_md_cell(s)}" for s in _sides(comparison)]
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for result in comparison.results:
-        cells = list(map(_md_cell, _row(result)))
+        cells = list(map(_md_cell, gate_row(result)))
         cells[0] = f"`{cells[0]}`"
         if result.is_failing:
             cells[5] = f"**{cells[5]}**"

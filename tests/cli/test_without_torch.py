@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+from tests.harness.synthetic_runs import write_run
+
 _WITHOUT_TORCH = """
 import sys
 sys.modules["torch"] = None
@@ -43,3 +45,27 @@ def test_an_engine_command_names_the_extra_to_install():
         "error: this command runs the built-in engine, which needs torch: "
         "pip install 'llmbench[engine]'"
     ]
+
+
+def test_compare_needs_no_torch(tmp_path):
+    base = write_run(tmp_path / "base", seed=1)
+    slower = write_run(tmp_path / "slower", seed=2, slowdown=1.2)
+    page = tmp_path / "diff.html"
+    out = llmbench_without_torch("compare", str(base), str(base), "--html", str(page))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("llmbench compare: no regression")
+    assert "TORCH_LOADED" not in out.stdout
+    assert "<figure" in page.read_text()
+    out = llmbench_without_torch("compare", str(base), str(slower), "--format", "json")
+    assert out.returncode == 1, out.stderr
+    assert "TORCH_LOADED" not in out.stdout
+    assert json.loads(out.stdout)["has_regression"] is True
+
+
+def test_report_needs_no_torch(tmp_path):
+    folder = write_run(tmp_path / "run", seed=3)
+    out = llmbench_without_torch("report", str(folder))
+    assert out.returncode == 0, out.stderr
+    assert "TORCH_LOADED" not in out.stdout
+    assert out.stdout.split() == [str(folder / "report.html"), str(folder / "report.md")]
+    assert "<figure" in (folder / "report.html").read_text()

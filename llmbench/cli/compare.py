@@ -1,0 +1,149 @@
+"""`llmbench compare BASE NEW`: the gates judged on two runs (or sweeps), for people and for CI;
+exit 0 pass, 1 regression, 2 unusable input."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from llmbench.errors import UserError
+
+if TYPE_CHECKING:  # the harness is imported when the command runs
+    from llmbench.harness.compare_runs import RunPair
+
+STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown appended here
+
+
+@click.command()
+@click.argument("baseline", metavar="BASE", type=click.Path(path_type=Path))
+@click.argument("new", metavar="NEW", type=click.Path(path_type=Path))
+@click.option(
+    "--gates",
+    "gates_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="gates YAML, e.g. `tpot_ms.p50: {max_increase: 5%}` (default: the shipped "
+    "hardware-normalised gates)",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "markdown", "json"]),
+    default="table",
+    show_default=True,
+    help="what stdout gets",
+)
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="write JUnit XML")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), help="write the HTML diff")
+@click.option("--force", is_flag=True, help="compare runs of different benchmarks anyway")
+@click.option("--allow-busy", is_flag=True, help="call regressions on a busy machine too")
+@click.option("--force-devices", is_flag=True, help="gate raw times/rates across devices too")
+@click.option("--seed", type=int, default=0, show_default=True, help="bootstrap seed")
+def compare(
+    baseline: Path,
+    new: Path,
+    gates_path: Path | None,
+    fmt: str,
+    junit_path: Path | None,
+    html_path: Path | None,
+    force: bool,
+    allow_busy: bool,
+    force_devices: bool,
+    seed: int,
+) -> None:
+    """Compare NEW against BASE on every gate: change, 95% bootstrap interval, verdict.
+
+    BASE and NEW are run folders, sweep folders (compared point by point) or results.json files.
+    A gate fails only when the whole interval lies past its threshold. Exit 0: no regression;
+    1: a regression (each failing gate named on stderr); 2: unusable input (missing or corrupt
+    files, an unknown schema version, runs of different benchmarks without --force). A
+    regression measured on a busy machine is inconclusive unless --allow-busy. The Markdown is
+    appended to $GITHUB_STEP_SUMMARY when it is set. JSON: a sweep's is {"has_regression",
+    "points": [...]}, one object per point."""
+    from llmbench.harness import compare_sweep_output
+    from llmbench.harness.compare import compare as judge_gates
+    from llmbench.harness.compare_runs import pair_runs
+    from llmbench.harness.gates import default_gates, load_gates
+
+    gates = load_gates(gates_path) if gates_path is not None else default_gates()
+    pairs = pair_runs(baseline, new, force=force)
+    points = [
+        (
+            pair.point,
+            judge_gates(
+                pair.baseline.samples,
+                pair.new.samples,
+                gates,
+                allow_busy=allow_busy,
+                force_devices=force_devices,
+                seed=seed,
+            ),
+        )
+        for pair in pairs
+    ]
+    uses_latency = any(gate.info.is_per_request for gate in gates)
+    for pair in pairs:
+        for line in _notes(pair, uses_latency):
+            click.echo(f"note: {line}", err=True)
+    click.echo(compare_sweep_output.render(points, fmt), nl=False)
+    if junit_path is not None:
+        _write(junit_path, compare_sweep_output.render_junit(points), "--junit")
+    if html_path is not None:
+        from llmbench.reports.compare_page import render as render_page
+
+        page = render_page(list(zip(pairs, (c for _, c in points), strict=True)))
+        _write(html_path, page.html, "--html")
+    step_summary = os.environ.get(STEP_SUMMARY_ENV)
+    if step_summary:
+        _write(
+            Path(step_summary),
+            compare_sweep_output.render_markdown(points) + "\n",
+            f"${STEP_SUMMARY_ENV}",
+            append=True,
+        )
+    for point, comparison in points:
+        where = f"{point}: " if point else ""
+        for result in comparison.results:
+            if result.verdict in ("regression", "inconclusive", "refused"):
+                click.echo(
+                    f"{result.verdict}: {where}{result.gate.name}: {result.reason}", err=True
+                )
+    if compare_sweep_output.has_regression(points):
+        sys.exit(1)
+
+
+def _notes(pair: RunPair, uses_latency: bool) -> list[str]:
+    """What a reader of the verdicts must know about each side: busy, interrupted, no records."""
+    where = f"{pair.point}: " if pair.point else ""
+    lines = []
+    for side, run in (("BASE", pair.baseline), ("NEW", pair.new)):
+        load = run.result.provenance.machine_load
+        if load.is_busy:
+            lines.append(
+                f"{where}{side} ran on a busy machine (other processes used "
+                f"{load.other_processes_cores} of {load.cpu_count} cores): a regression there "
+                "is called inconclusive unless --allow-busy"
+            )
+        if run.result.interrupted:
+            lines.append(
+                f"{where}{side} was interrupted ({run.result.stop_reason}): its numbers cover "
+                "what ended"
+            )
+        if uses_latency and not run.has_records:
+            lines.append(
+                f"{where}{side} has no requests.jsonl beside {run.path}: its latency gates "
+                "have no data"
+            )
+    return lines
+
+
+def _write(path: Path, text: str, option: str, append: bool = False) -> None:
+    try:
+        with path.open("a" if append else "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise UserError(f"{option} {path}: cannot write it ({e.strerror or e})") from None

@@ -1,0 +1,288 @@
+"""`llmbench compare` end to end, as CI runs it: synthetic run folders from a known distribution
+(3 repetitions, seeded lognormal latencies, written by the project's own writers), then two real
+tiny engine runs. Exit 0 pass, 1 regression (named on stderr), 2 unusable input (one line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.harness.synthetic_runs import write_run, write_sweep
+from tests.harness.test_run import SMALL, TINY, llmbench
+from tests.reports.browser import open_in_chromium
+
+TPOT_GATE = "tpot_ms.p50: {max_increase: 5%}\n"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("compare-cli")
+    return {
+        "base": write_run(root / "base", seed=1),
+        "same": write_run(root / "same", seed=2),
+        "slower": write_run(root / "slower", seed=3, slowdown=1.2),
+        "other-workload": write_run(root / "other-workload", seed=4, sessions=5),
+        "busy-slower": write_run(root / "busy-slower", seed=5, slowdown=1.2, is_busy=True),
+        "gpu-slower": write_run(root / "gpu-slower", seed=6, slowdown=1.2, device_name="Big GPU"),
+    }
+
+
+@pytest.fixture(scope="module")
+def tpot_gates(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("gates") / "gates.yaml"
+    path.write_text(TPOT_GATE)
+    return path
+
+
+def compare(*args, env: dict[str, str] | None = None):
+    clean = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
+    return llmbench("compare", *map(str, args), env={**clean, **(env or {})})
+
+
+def one_error_line(result) -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_twenty_percent_slower_exits_1_naming_the_metric(runs):
+    result = compare(runs["base"], runs["slower"])
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.startswith("llmbench compare: REGRESSION")
+    failing = [line for line in result.stderr.splitlines() if line.startswith("regression: ")]
+    assert any(
+        line.startswith("regression: decode_mbu max_decrease 10%: decode_mbu fell ")
+        and line.endswith("past the 10% allowed")
+        for line in failing
+    ), result.stderr
+    assert any(line.startswith("regression: output_tok_per_s_per_gb_s") for line in failing)
+
+
+def test_a_latency_gate_names_its_numbers(runs, tpot_gates):
+    result = compare(runs["base"], runs["slower"], "--gates", tpot_gates)
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("regression: tpot_ms.p50 max_increase 5%: tpot_ms.p50 rose ")
+    assert "95% CI +" in line and line.endswith("past the 5% allowed")
+
+
+def test_the_same_distribution_with_another_seed_exits_0(runs, tpot_gates):
+    for gates in ((), ("--gates", tpot_gates)):
+        result = compare(runs["base"], runs["same"], *gates)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
+        assert result.stdout.startswith("llmbench compare: no regression")
+
+
+def test_mismatched_workloads_exit_2_with_the_reason(runs):
+    line = one_error_line(compare(runs["base"], runs["other-workload"]))
+    assert line.startswith("error: BASE and NEW are not the same benchmark: workload_hash ")
+    assert "(spec workload.sessions: 8 vs 5)" in line
+    assert line.endswith("pass --force to compare them anyway")
+    assert compare(runs["base"], runs["other-workload"], "--force").returncode in (0, 1)
+
+
+def test_a_corrupt_results_file_exits_2_without_a_traceback(runs, tmp_path):
+    folder = tmp_path / "corrupt"
+    shutil.copytree(runs["same"], folder)
+    (folder / "results.json").write_text('{"schema_version": 3, "summary": {')
+    line = one_error_line(compare(runs["base"], folder))
+    assert line.startswith(f"error: {folder / 'results.json'}: not valid JSON")
+    (folder / "results.json").write_bytes(b"\xff\xfe garbage")
+    line = one_error_line(compare(runs["base"], folder))
+    assert line.startswith(f"error: {folder / 'results.json'}: cannot read it")
+
+
+def test_an_unknown_schema_version_exits_2(runs, tmp_path):
+    folder = tmp_path / "future"
+    shutil.copytree(runs["same"], folder)
+    data = json.loads((folder / "results.json").read_text())
+    (folder / "results.json").write_text(json.dumps({**data, "schema_version": 99}))
+    line = one_error_line(compare(runs["base"], folder / "results.json"))
+    assert "results schema_version 99; this llmbench reads" in line
+    assert line.endswith("upgrade llmbench to read it")
+
+
+def test_missing_inputs_and_bad_gates_exit_2(runs, tmp_path):
+    line = one_error_line(compare(runs["base"], tmp_path / "nope"))
+    assert line == (
+        f"error: {tmp_path / 'nope'}: no such file or folder; pass a run folder, a sweep folder "
+        "or a results.json"
+    )
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("tpot_ms.p50: {max_increase: 5%}\ndecode_mbu: {max_increase: 5%}\n")
+    line = one_error_line(compare(runs["base"], runs["same"], "--gates", gates))
+    assert line == (
+        f"error: {gates}:2: decode_mbu.max_increase: decode_mbu is better when higher; gate it "
+        "with max_decrease"
+    )
+    line = one_error_line(compare(runs["base"], runs["same"], "--junit", tmp_path / "no" / "j"))
+    assert line.startswith(f"error: --junit {tmp_path / 'no' / 'j'}: cannot write it")
+
+
+def test_markdown_and_junit_outputs_parse(runs, tmp_path, tpot_gates):
+    junit = tmp_path / "compare.xml"
+    options = ("--gates", tpot_gates, "--format", "markdown", "--junit", junit)
+    result = compare(runs["base"], runs["slower"], *options)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("### llmbench compare: REGRESSION")
+    table = [line for line in lines if line.startswith("|")]
+    assert table[0] == "| gate | BASE | NEW | change | 95% CI | verdict |"
+    assert table[1] == "|---|---|---|---|---|---|"
+    [row] = table[2:]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "`tpot_ms.p50 max_increase 5%`" and cells[5] == "**regression**"
+    suites = ET.parse(junit).getroot()
+    [suite] = suites.findall("testsuite")
+    assert suite.get("tests") == "1" and suite.get("failures") == "1"
+    [case] = suite.findall("testcase")
+    assert case.get("name") == "tpot_ms.p50 max_increase 5%"
+    assert case.find("failure").get("type") == "regression"
+
+
+def test_json_verdicts(runs):
+    result = compare(runs["base"], runs["slower"], "--format", "json")
+    data = json.loads(result.stdout)
+    assert data["has_regression"] is True
+    verdicts = {g["metric"]: g["verdict"] for g in data["gates"]}
+    assert verdicts["decode_mbu"] == "regression"
+    assert all(g["num_baseline_repetitions"] == 3 for g in data["gates"])
+
+
+def test_the_seed_makes_the_intervals_reproducible(runs):
+    first = compare(runs["base"], runs["same"], "--format", "json", "--seed", "7")
+    again = compare(runs["base"], runs["same"], "--format", "json", "--seed", "7")
+    other = compare(runs["base"], runs["same"], "--format", "json", "--seed", "8")
+    assert first.stdout == again.stdout and json.loads(first.stdout)["seed"] == 7
+    assert (
+        json.loads(other.stdout)["gates"][0]["delta_ci"]
+        != (json.loads(first.stdout)["gates"][0]["delta_ci"])
+    )
+
+
+def test_results_files_alone_have_no_latency_data(runs, tmp_path, tpot_gates):
+    base, new = tmp_path / "base.json", tmp_path / "new.json"
+    shutil.copy(runs["base"] / "results.json", base)
+    shutil.copy(runs["slower"] / "results.json", new)
+    result = compare(base, new, "--gates", tpot_gates)
+    assert result.returncode == 0
+    assert result.stderr.splitlines() == [
+        f"note: {side} has no requests.jsonl beside {path}: its latency gates have no data"
+        for side, path in (("BASE", base), ("NEW", new))
+    ]
+    assert "tpot_ms.p50 was not measured by NEW" in result.stdout
+    assert compare(base, new).returncode == 1  # per-repetition metrics need no records
+
+
+def test_markdown_is_appended_to_the_github_step_summary(runs, tmp_path):
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("# earlier step\n")
+    env = {"GITHUB_STEP_SUMMARY": str(summary)}
+    assert compare(runs["base"], runs["same"], env=env).returncode == 0
+    assert compare(runs["base"], runs["slower"], env=env).returncode == 1
+    text = summary.read_text()
+    assert text.startswith("# earlier step\n### llmbench compare: no regression")
+    assert text.count("### llmbench compare: ") == 2
+    assert "\n### llmbench compare: REGRESSION" in text
+
+
+def test_a_busy_machine_makes_a_regression_inconclusive_unless_allowed(runs):
+    result = compare(runs["base"], runs["busy-slower"])
+    assert result.returncode == 0
+    assert "NEW: cpu: Test CPU (2 threads) (machine busy)" in result.stdout
+    assert result.stderr.splitlines()[0] == (
+        "note: NEW ran on a busy machine (other processes used 1.0 of 2 cores): a regression "
+        "there is called inconclusive unless --allow-busy"
+    )
+    assert any(line.startswith("inconclusive: decode_mbu") for line in result.stderr.splitlines())
+    assert compare(runs["base"], runs["busy-slower"], "--allow-busy").returncode == 1
+
+
+def test_raw_gates_are_refused_between_devices_unless_forced(runs, tpot_gates):
+    result = compare(runs["base"], runs["gpu-slower"], "--gates", tpot_gates)
+    assert result.returncode == 0
+    [line] = result.stderr.splitlines()
+    assert line.startswith("refused: tpot_ms.p50 max_increase 5%: tpot_ms.p50 is a raw time")
+    # Hardware-normalised gates travel between devices.
+    assert compare(runs["base"], runs["gpu-slower"]).returncode == 1
+    forced = compare(runs["base"], runs["gpu-slower"], "--gates", tpot_gates, "--force-devices")
+    assert forced.returncode == 1
+
+
+def test_sweeps_are_compared_point_by_point(tmp_path):
+    base = write_sweep(tmp_path / "base", seed=10, points=(1, 2))
+    new = tmp_path / "new"
+    write_run(new / "point-1", seed=30, sweep_point=1.0)
+    write_run(new / "point-2", seed=31, sweep_point=2.0, slowdown=1.3)
+    junit = tmp_path / "sweep.xml"
+    result = compare(base, new, "--junit", junit)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.startswith("llmbench compare: sweep of 2 points, REGRESSION at point-2\n")
+    assert "\n== point-1 ==\nllmbench compare: no regression" in result.stdout
+    failing = [line for line in result.stderr.splitlines() if line.startswith("regression")]
+    assert failing and all(line.startswith("regression: point-2: ") for line in failing)
+    suites = ET.parse(junit).getroot()
+    assert [s.get("name") for s in suites.findall("testsuite")] == [
+        "llmbench compare point-1",
+        "llmbench compare point-2",
+    ]
+    assert suites.get("tests") == "6" and suites.get("failures") == str(len(failing))
+    data = json.loads(compare(base, new, "--format", "json").stdout)
+    assert [p["point"] for p in data["points"]] == ["point-1", "point-2"]
+    assert [p["has_regression"] for p in data["points"]] == [False, True]
+    markdown = compare(base, new, "--format", "markdown").stdout
+    assert markdown.startswith("## llmbench compare: sweep of 2 points, REGRESSION at point-2")
+    assert "\n### point-1: no regression" in markdown and "\n### point-2: REGRESSION" in markdown
+    other = write_sweep(tmp_path / "other", seed=40, points=(1, 4))
+    line = one_error_line(compare(base, other))
+    assert "the sweeps' points differ: only BASE has point-2; only NEW has point-4" in line
+
+
+def test_the_html_diff_is_written(runs, tmp_path):
+    page = tmp_path / "diff.html"
+    assert compare(runs["base"], runs["slower"], "--html", page).returncode == 1
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "llmbench compare: REGRESSION" in html
+    assert "<script" not in html and "http://" not in html and "https://" not in html
+
+
+def test_two_real_tiny_engine_runs_compare_end_to_end(tmp_path):
+    """Two runs of the same spec on the tiny model: every default gate gets numbers from both
+    sides; a run against itself changes by exactly 0 and passes."""
+    folders = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        run = llmbench("run", "chat", *TINY, *SMALL["chat"], "--out", str(out))
+        assert run.returncode == 0, run.stderr
+        folders.append(out)
+    page, junit = tmp_path / "diff.html", tmp_path / "junit.xml"
+    result = compare(*folders, "--format", "json", "--html", page, "--junit", junit)
+    # Two runs on a shared 2-core machine may truly differ by more than the gates allow.
+    assert result.returncode in (0, 1), result.stderr
+    data = json.loads(result.stdout)
+    assert [g["metric"] for g in data["gates"]] == [
+        "decode_mbu",
+        "output_tok_per_s_per_gb_s",
+        "prefill_mfu",
+    ]
+    for gate in data["gates"]:
+        assert gate["baseline"] > 0 and gate["new"] > 0, gate
+        assert gate["verdict"] in ("regression", "inconclusive", "within noise", "improvement")
+    assert result.returncode == (1 if data["has_regression"] else 0)
+    cases = ET.parse(junit).getroot().iter("testcase")
+    assert [case.get("name") for case in cases] == [g["gate"] for g in data["gates"]]
+    opened = open_in_chromium(page, "figure > svg", tmp_path / "diff.png")
+    assert opened.console_errors == [] and opened.requests == []
+    assert len(opened.element_sizes) == 3  # roofline, TTFT and TPOT CDFs
+    itself = compare(folders[0], folders[0], "--format", "json")
+    assert itself.returncode == 0, itself.stderr
+    assert {g["delta"] for g in json.loads(itself.stdout)["gates"]} == {0.0}
