@@ -72,8 +72,6 @@ _PER_REPETITION: dict[str, tuple[str, MetricKind]] = {
     "goodput_request_per_s": ("req/s", "raw"),
     "goodput_fraction": ("fraction", "raw"),  # meeting an SLO depends on the machine's speed
     "decode_mbu": ("fraction", "hardware-normalised"),
-    "decode_mfu": ("fraction", "hardware-normalised"),
-    "prefill_mbu": ("fraction", "hardware-normalised"),
     "prefill_mfu": ("fraction", "hardware-normalised"),
     # Formula: output_tok_per_s / (measured read bandwidth in bytes/s / 1e9)
     "output_tok_per_s_per_gb_s": ("tok/s per GB/s", "hardware-normalised"),
