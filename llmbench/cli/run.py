@@ -25,7 +25,15 @@ from llmbench.errors import BackendFailure, UserError
     default=None,
     help="run folder (default: <output_dir>/<name>-<time>)",
 )
-def run(workload: str, overrides: tuple[str, ...], out: Path | None) -> None:
+@click.option(
+    "--repeat",
+    type=int,
+    default=None,
+    metavar="N",
+    help="measure the workload N times on the same engine (warm-up once) and report the spread "
+    "between repetitions (the spec's `repeat`, default 1)",
+)
+def run(workload: str, overrides: tuple[str, ...], out: Path | None, repeat: int | None) -> None:
     """Benchmark WORKLOAD (a YAML file, or a shipped name: chat, rag, agentic).
 
     Prints a summary and, as the last line of stdout, the run folder. SIGINT, SIGTERM and SIGHUP
@@ -36,7 +44,10 @@ def run(workload: str, overrides: tuple[str, ...], out: Path | None) -> None:
     from llmbench.harness.spec import load_spec
     from llmbench.reports.render import write_reports
 
-    spec = load_spec(_workload_path(workload), list(overrides))
+    if repeat is not None and repeat < 1:
+        raise UserError(f"--repeat {repeat}: must be >= 1")
+    sets = [*overrides, *([f"repeat={repeat}"] if repeat is not None else [])]
+    spec = load_spec(_workload_path(workload), sets)
     try:
         execute(spec, out, write_reports)
     except RunInterrupted as e:

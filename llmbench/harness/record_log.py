@@ -1,7 +1,9 @@
 """The run folder's record files, appended a line at a time as records complete, and read back.
 
 `requests.jsonl` gets every `RequestRecord` when its request ends, `steps.jsonl` every engine
-step (costed) when it ends, `sessions.jsonl` every session when it ends. One writer thread does
+step (costed) when it ends, `sessions.jsonl` every session when its repetition ends. Every line
+carries the `repetition` it belongs to (0: the warm-up; a record's own field, a step's from its
+start time). One writer thread does
 the writing and flushes after each batch, so the event loop and the engine thread only put an
 object on a queue (about a microsecond), and a run killed even with `kill -9` leaves every record
 that was written: at most the last few milliseconds' worth, and a cut last line, are lost.
@@ -9,6 +11,7 @@ that was written: at most the last few milliseconds' worth, and a cut last line,
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import queue
@@ -40,15 +43,30 @@ class RecordLog:
         self._files: dict[str, IO[str]] = {name: (folder / name).open("w") for name in _FILES}
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self.error: str | None = None  # the first write that failed (a full disk)
+        # perf_counter_ns at which repetition 1, 2, ... started; replaced whole, never mutated,
+        # as the writer thread reads it
+        self._repetition_starts_ns: tuple[int, ...] = ()
         self._thread = threading.Thread(target=self._run, name="llmbench-records", daemon=True)
         self._thread.start()
+
+    def start_repetition(self, number: int, t_ns: int) -> None:
+        """Repetition `number` (1, 2, ... in order) starts at `t_ns`: the engine steps that start
+        from then on are its own, those before belong to the one before (0: the warm-up)."""
+        if number != len(self._repetition_starts_ns) + 1:
+            raise ValueError(f"repetition {number} after {len(self._repetition_starts_ns)}")
+        self._repetition_starts_ns = (*self._repetition_starts_ns, t_ns)
+
+    def repetition_at(self, t_ns: int) -> int:
+        """The repetition under way at `t_ns`: the last one started at or before it."""
+        return bisect.bisect_right(self._repetition_starts_ns, t_ns)
 
     def request(self, record: RequestRecord) -> None:
         """A request that ended (it is not changed after this)."""
         self._queue.put((REQUESTS_FILE, record))
 
     def step(self, step: Any) -> None:
-        """An engine `StepRecord` (called on the engine thread); written costed."""
+        """An engine `StepRecord` (called on the engine thread); written costed, with the
+        repetition under way when it started."""
         self._queue.put((STEPS_FILE, step))
 
     def session(self, stats: Any) -> None:
@@ -56,7 +74,8 @@ class RecordLog:
         self._queue.put((SESSIONS_FILE, stats))
 
     def point(self, point: dict[str, Any]) -> None:
-        """A roofline point already made (the openai backend's estimated decode windows)."""
+        """A roofline point already made (the openai backend's estimated decode windows), its
+        `repetition` included."""
         self._queue.put((STEPS_FILE, point))
 
     def close(self) -> None:
@@ -74,6 +93,7 @@ class RecordLog:
             row = item
         elif name == STEPS_FILE and self._cost_step is not None:
             row = self._cost_step(item)
+            row["repetition"] = self.repetition_at(item.t_start_ns)
         else:
             row = dataclasses.asdict(item)
         return json.dumps(row) + "\n"
@@ -137,10 +157,12 @@ def read_requests(folder: Path) -> list[RequestRecord]:
 
 
 def read_steps(folder: Path) -> list[dict[str, Any]]:
-    """The roofline points of steps.jsonl."""
-    return read_jsonl(folder / STEPS_FILE)
+    """The roofline points of steps.jsonl, each with its `repetition` (1 for a line written
+    before repetitions were recorded: results schema 2 and older)."""
+    return [{"repetition": 1, **row} for row in read_jsonl(folder / STEPS_FILE)]
 
 
 def read_sessions(folder: Path) -> list[dict[str, Any]]:
-    """The sessions of sessions.jsonl (those that ended)."""
-    return read_jsonl(folder / SESSIONS_FILE)
+    """The sessions of sessions.jsonl (those that ended), each with its `repetition` (1 for a
+    line written before repetitions were recorded)."""
+    return [{"repetition": 1, **row} for row in read_jsonl(folder / SESSIONS_FILE)]

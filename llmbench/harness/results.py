@@ -1,10 +1,11 @@
 """results.json: a run's typed, versioned result (`RunResult`), written and read here only.
 
 `write_results` writes the file atomically, `read_results` reads it back and checks its
-`schema_version`: the current version (2) is read strictly (a missing or unexpected key is an
-error naming it), version 1 is migrated (`_migrate_v1`: the keys version 2 added get the values
-a version-1 run had), anything else is refused in one line that names the file, the version
-found and the versions this llmbench reads. What each version holds is docs/results-schema.md.
+`schema_version`: the current version (3) is read strictly (a missing or unexpected key is an
+error naming it), versions 2 and 1 are migrated (`_migrate_v2`, `_migrate_v1`: the keys a later
+version added get the values an older run had), anything else is refused in one line that names
+the file, the version found and the versions this llmbench reads. What each version holds is
+docs/results-schema.md.
 
 Provenance, roofline and telemetry are typed. `summary` stays a mapping, metric name → value:
 its ~25 keys are made (each with its `Formula:`) by `metrics.summarize` and documented in
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from llmbench.errors import UserError
+from llmbench.harness.spread import spread
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1 is migrated on read
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # 1 and 2 are migrated on read
 RESULTS_FILE = "results.json"
 
 
@@ -154,7 +156,9 @@ class RunResult:
     sweep_point: float | None
     spec: Mapping[str, Any]
     provenance: Provenance
-    summary: Mapping[str, Any]  # metric name → value (`metrics.summarize` + run-level keys)
+    # metric name → value (`metrics.summarize` + run-level keys), pooled over the repetitions,
+    # with `repetitions` (each one's own summary) and `spread` (between them)
+    summary: Mapping[str, Any]
     roofline: Roofline | None
     telemetry: TelemetryInfo
 
@@ -193,7 +197,9 @@ def read_results(path: Path) -> RunResult:
         raise UserError(f"{path}: not an llmbench results file (not a JSON object)")
     version = data.pop("schema_version", None)
     if version == 1:
-        data = _migrate_v1(data, path)
+        data = _migrate_v2(_migrate_v1(data, path))
+    elif version == 2:
+        data = _migrate_v2(data)
     elif version != SCHEMA_VERSION:
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)
         found = "none" if version is None else repr(version)
@@ -232,6 +238,29 @@ def _migrate_v1(data: dict[str, Any], path: Path) -> dict[str, Any]:
         data["provenance"] = {**provenance}
         data["provenance"]["hardware"] = {"notes": [], "probes": {}, "sources": {}}
         data["provenance"]["hardware"].update(provenance["hardware"])
+    return data
+
+
+def _migrate_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 → 3: a version-2 run measured its workload once, so it is one repetition.
+
+    `spec.repeat`: 1; a non-empty `summary` gets `repetitions` = [the summary itself, with
+    `repetition` 1 and `is_partial` = `interrupted`] and `spread` over it (means only: no
+    spread with one repetition; all null when that one is partial). Records without a
+    `repetition` are read as repetition 1 (`record_log`).
+    """
+    data = {**data}
+    if isinstance(data.get("spec"), dict):
+        data["spec"] = {"repeat": 1, **data["spec"]}
+    summary = data.get("summary")
+    if isinstance(summary, dict) and summary:
+        is_partial = bool(data.get("interrupted"))
+        alone = {"repetition": 1, "is_partial": is_partial, **summary}
+        data["summary"] = {
+            **summary,
+            "repetitions": [alone],
+            "spread": spread([] if is_partial else [alone]),
+        }
     return data
 
 

@@ -5,12 +5,13 @@ slow; the hardware roofs are measured (or read from the cache) before the worklo
 progress line; `run-start.json` is written before the first request and each record is appended
 as it completes (`record_log`); SIGINT, SIGTERM and SIGHUP stop the workload and the run saves
 what it measured (`run_signals`); an engine crash ends it the same way, then re-raises.
+The backend is opened and the roofs settled once per run point; the warm-up runs once and the
+measured phase `spec.repeat` times (`run_repetitions`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import sys
 import time
@@ -22,16 +23,17 @@ from llmbench.errors import BackendFailure, UserError
 from llmbench.harness import arrivals, provenance, run_roofs
 from llmbench.harness.driver import DriveOptions, Driver
 from llmbench.harness.record_log import RecordLog, read_steps
-from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import (
     RESULTS_FILE,
     RunResult,
     TelemetryInfo,
     write_results,
 )
+from llmbench.harness.run_repetitions import Repetitions, salt
 from llmbench.harness.run_signals import RunInterrupted, StopSignals, signal_name
 from llmbench.harness.run_summary import START_FILE, finish
 from llmbench.harness.spec import RunSpec
+from llmbench.harness.spread import metric_value
 from llmbench.harness.telemetry import Telemetry
 from llmbench.harness.telemetry import summarize as summarize_telemetry
 from llmbench.harness.workloads import Session, Tokens, build_sessions, sessions_hash
@@ -96,7 +98,10 @@ def _execute_point(
     measured = run_roofs.measured_roofs(spec, backend)
     roof_setup, cost_step = run_roofs.roofline_setup(spec, backend, model_config, measured)
     tokens = Tokens(tokenizer.encode, tokenizer.decode)
-    sessions = build_sessions(spec.workload, spec.seed, tokens)
+    workloads = [
+        build_sessions(spec.workload, spec.seed, tokens, salt=salt(number))
+        for number in range(1, spec.repeat + 1)
+    ]
     warm_spec = replace(spec.workload, sessions=spec.warmup_requests)
     warmup = build_sessions(warm_spec, spec.seed, tokens, salt="warmup-")
     for stale in (RESULTS_FILE, START_FILE):  # a reused folder: nothing left of the last run
@@ -104,18 +109,8 @@ def _execute_point(
     log = RecordLog(folder, cost_step)
     if spec.backend.kind == "engine":
         backend.record_steps(log.step)
-    progress = Progress(sum(len(s.turns) for s in sessions))
-
-    def on_record(record: RequestRecord) -> None:
-        log.request(record)
-        progress(record)
-
-    driver = Driver(
-        backend,
-        tokenizer,
-        DriveOptions(spec.backend.api == "chat", spec.temperature, spec.ignore_eos),
-        on_record=on_record,
-    )
+    options = DriveOptions(spec.backend.api == "chat", spec.temperature, spec.ignore_eos)
+    repetitions = Repetitions(backend, tokenizer, options, log, workloads)
     spec_dict = json.loads(json.dumps(spec.to_dict()))  # plain JSON values, as read back
     own_pids = (
         provenance.local_server_pids(spec.backend.url) if spec.backend.kind == "openai" else []
@@ -135,7 +130,7 @@ def _execute_point(
             provenance=provenance.collect(
                 spec_dict,
                 spec.hash(),
-                sessions_hash(sessions),
+                sessions_hash(workloads[0]),
                 provenance.device_of(spec.backend.kind, backend, spec.backend.url),
                 monitor.load(),
                 measured,
@@ -147,10 +142,9 @@ def _execute_point(
         try:
             asyncio.run(
                 _drive(
-                    driver,
+                    repetitions,
                     backend,
                     spec,
-                    sessions,
                     warmup,
                     point,
                     stop,
@@ -167,13 +161,16 @@ def _execute_point(
     with stop.saving():
         if spec.backend.kind == "engine":
             backend.record_steps(None)
-        for stats in driver.result.sessions:
-            log.session(stats)
+        repetitions.close()
+        records = repetitions.records
         points = None
         if spec.backend.kind == "openai" and roof_setup is not None:
-            points = run_roofs.estimated_points(spec, model_config, driver.result.records)
-            for p in points:
-                log.point(p)
+            points = []
+            for number in range(1, repetitions.num_started + 1):
+                own = [r for r in records if r.repetition == number]
+                for p in run_roofs.estimated_points(spec, model_config, own):
+                    points.append({**p, "repetition": number})
+                    log.point(points[-1])
         log.close()
         if stop.signum is not None:
             print("\ninterrupted: saving what was measured", file=sys.stderr)
@@ -182,9 +179,9 @@ def _execute_point(
             reason = None if failure is None else str(failure)
         result = finish(
             start,
-            driver.result.records,
+            records,
             read_steps(folder) if points is None else points,
-            driver.result.sessions,
+            repetitions.sessions,
             replace(
                 start.telemetry,
                 notes=tuple(telemetry.notes),
@@ -192,6 +189,8 @@ def _execute_point(
             ),
             monitor.load(),
             reason,
+            num_repetitions=repetitions.num_started,
+            num_whole_repetitions=repetitions.num_whole,
         )
         write_results(folder, result)
         (folder / START_FILE).unlink(missing_ok=True)  # results.json has all it had
@@ -246,38 +245,10 @@ def _open_backend(spec: RunSpec):
     return backend, backend.tokenizer, None
 
 
-class Progress:
-    """One status line on stderr: requests done, output tokens/s, errors."""
-
-    def __init__(self, total: int):
-        self.total = total
-        self.done = self.failed = self.tokens = 0
-        self.start = time.perf_counter()
-        self.is_tty = sys.stderr.isatty()
-
-    def __call__(self, record: RequestRecord) -> None:
-        if record.is_warmup:
-            return
-        self.done += 1
-        self.failed += not record.ok
-        self.tokens += record.num_output_tokens
-        if self.is_tty or self.done == self.total or self.done % max(1, self.total // 10) == 0:
-            rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
-            end = "\n" if not self.is_tty or self.done == self.total else ""
-            print(
-                f"\r  {self.done}/{self.total} requests, {rate:.1f} output tok/s, "
-                f"{self.failed} errors",
-                end=end,
-                file=sys.stderr,
-                flush=True,
-            )
-
-
 async def _drive(
-    driver: Driver,
+    repetitions: Repetitions,
     backend,
     spec: RunSpec,
-    sessions: list[Session],
     warmup: list[Session],
     point: float | None,
     stop: StopSignals,
@@ -290,34 +261,35 @@ async def _drive(
         except Exception as e:  # noqa: BLE001 — e.g. an unreachable server: the user's to fix
             raise UserError(f"backend {spec.backend.kind}: {e}") from None
         on_started()
-        await driver.warm_up(warmup)
-        # Everything allocated so far lives for the whole run: keep the garbage collector off
-        # it, or a full collection (torch is imported) stalls every stream for 20-40 ms.
-        gc.collect()
-        gc.freeze()
-        load = spec.load
-        if load.kind == "concurrency":
-            await driver.run_closed_loop(sessions, int(point or load.concurrency))
-        else:
-            rate = point or load.rate_per_s
-            n = len(sessions)
-            if load.kind == "constant":
-                offsets = arrivals.constant_offsets(rate, n)
-            elif load.kind == "poisson":
-                offsets = arrivals.poisson_offsets(rate, n, spec.seed)
-            elif load.kind == "gamma":
-                offsets = arrivals.gamma_offsets(rate, load.burstiness, n, spec.seed)
-            else:
-                offsets = arrivals.trace_offsets(Path(load.trace))
-                if len(offsets) < n:
-                    sessions = sessions[: len(offsets)]
-                offsets = offsets[: len(sessions)]
-            await driver.run_open_loop(sessions, offsets)
+        await repetitions.warm_up(warmup)
+        await repetitions.run(lambda driver, sessions: _measure(driver, spec, sessions, point))
     finally:
         try:
             await backend.close()
         finally:
             stop.drive_ended()
+
+
+async def _measure(driver: Driver, spec: RunSpec, sessions: list[Session], point: float | None):
+    """One repetition of the workload under the spec's load pattern (or the sweep's `point`)."""
+    load = spec.load
+    if load.kind == "concurrency":
+        await driver.run_closed_loop(sessions, int(point or load.concurrency))
+        return
+    rate = point or load.rate_per_s
+    n = len(sessions)
+    if load.kind == "constant":
+        offsets = arrivals.constant_offsets(rate, n)
+    elif load.kind == "poisson":
+        offsets = arrivals.poisson_offsets(rate, n, spec.seed)
+    elif load.kind == "gamma":
+        offsets = arrivals.gamma_offsets(rate, load.burstiness, n, spec.seed)
+    else:
+        offsets = arrivals.trace_offsets(Path(load.trace))
+        if len(offsets) < n:
+            sessions = sessions[: len(offsets)]
+        offsets = offsets[: len(sessions)]
+    await driver.run_open_loop(sessions, offsets)
 
 
 def format_summary(result: RunResult) -> str:
@@ -377,9 +349,45 @@ def format_summary(result: RunResult) -> str:
             f"{load.other_processes_cores} during it (of {load.cpu_count}); "
             f"the numbers are pessimistic"
         )
+    repetitions = format_repetitions(result)
+    if repetitions:
+        lines.append(repetitions)
     if result.interrupted:
         lines.append(f"interrupted ({result.stop_reason}): partial results")
     return "\n".join(lines)
+
+
+# The spread the summary table shows: (metric, label).
+SHOWN_SPREAD = (
+    ("tpot_ms.p50", "TPOT p50"),
+    ("decode_mbu", "decode MBU"),
+    ("output_tok_per_s", "output tok/s"),
+)
+
+
+def format_repetitions(result: RunResult) -> str | None:
+    """The summary table's line on repetitions: how many, and the between-repetition cv of a
+    few metrics ("3 repetitions: TPOT p50 cv 2.1%, ..."); which ones a stop cut short. None for
+    a run of one repetition."""
+    s = result.summary
+    repetitions = s.get("repetitions") or []
+    asked = result.spec.get("repeat", 1)
+    if asked <= 1 and len(repetitions) <= 1:
+        return None
+    spread = s.get("spread") or {}
+    cvs = []
+    for name, label in SHOWN_SPREAD:
+        cv = (spread.get(name) or {}).get("cv")
+        if cv is not None or metric_value(s, name) is not None:
+            cvs.append(f"{label} cv {'-' if cv is None else f'{cv:.1%}'}")
+    partial = [r["repetition"] for r in repetitions if r["is_partial"]]
+    if not partial:
+        return f"{len(repetitions)} repetitions: " + ", ".join(cvs)
+    whole = len(repetitions) - len(partial)
+    return (
+        f"repetitions: {whole} whole, repetition {partial[0]} of {asked} cut short (its numbers "
+        f"are partial); spread over the whole ones: " + ", ".join(cvs)
+    )
 
 
 def _rate(value: float | None, spec: str) -> str:

@@ -4,6 +4,9 @@ whether the run has just ended or `llmbench report` rebuilds it from the folder 
 A run writes `run-start.json` (a `RunResult` with an empty summary: spec, provenance, roofs)
 before its first request, then appends its records (`record_log`). `finish` turns the start and
 the records into the full result; `rebuild` does it from the files alone.
+
+The summary pools every repetition (`--repeat`); `summary.repetitions` holds the same summary of
+each repetition alone, and `summary.spread` how much the whole ones differ (`spread`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from llmbench.harness.results import (
     RESULTS_FILE,
     MachineLoad,
     Phase,
+    Roofline,
     RunResult,
     TelemetryInfo,
     read_results,
     write_results,
 )
+from llmbench.harness.spread import spread
 
 START_FILE = "run-start.json"
 KILLED = "killed: rebuilt from the record files by `llmbench report`"
@@ -64,12 +69,12 @@ def sessions_from_requests(records: Sequence[RequestRecord]) -> list[SessionStat
     Formula: start = first scheduled send, end = last end, model wait = Σ (end − sent),
     tool wait = Σ max(0, scheduled(k) − end(k − 1)).
     """
-    by_session: dict[str, list[RequestRecord]] = {}
+    by_session: dict[tuple[int, str], list[RequestRecord]] = {}
     for r in records:
         if not r.is_warmup:
-            by_session.setdefault(r.session_id, []).append(r)
+            by_session.setdefault((r.repetition, r.session_id), []).append(r)
     sessions = []
-    for session_id, turns in by_session.items():
+    for (repetition, session_id), turns in by_session.items():
         turns.sort(key=lambda r: r.turn)
         sessions.append(
             SessionStats(
@@ -82,9 +87,35 @@ def sessions_from_requests(records: Sequence[RequestRecord]) -> list[SessionStat
                 num_failed=sum(not r.ok for r in turns),
                 prompt_tokens=sum(r.num_prompt_tokens for r in turns),
                 cached_tokens=sum(r.cached_tokens or 0 for r in turns),
+                repetition=repetition,
             )
         )
     return sessions
+
+
+def _summary_of(
+    records: Sequence[RequestRecord],
+    points: Sequence[dict[str, Any]],
+    sessions: Sequence[SessionStats],
+    slo: dict[str, float],
+    is_busy: bool,
+    roof: Roofline | None,
+) -> tuple[dict[str, Any], dict[str, dict[str, float | None]]]:
+    """The summary of some measured records (a repetition, or all of them) with their sessions
+    and roofline points, and the roofline phases of those points against `roof`'s roofs."""
+    summary = metrics.summarize(records, slo)
+    summary["sessions"] = session_summary(sessions)
+    summary["machine_busy"] = is_busy
+    phases: dict[str, dict[str, float | None]] = {}
+    if roof is not None:
+        peaks = roof.roofs
+        phases = roofline.phase_utilization(
+            points, peaks and peaks.read_bytes_per_s, peaks and peaks.flops_per_s
+        )
+        summary["decode_mbu"] = phases.get("decode", {}).get("mbu")
+        summary["prefill_mfu"] = phases.get("prefill", {}).get("mfu")
+        summary["roofline_is_estimated"] = roof.is_estimated
+    return summary, phases
 
 
 def finish(
@@ -95,25 +126,49 @@ def finish(
     telemetry_info: TelemetryInfo,
     load: MachineLoad,
     stop_reason: str | None,
+    *,
+    num_repetitions: int,
+    num_whole_repetitions: int,
     is_rebuilt: bool = False,
 ) -> RunResult:
     """The result of a run that started as `start`: the summary of its requests and sessions,
-    the roofline phases of its steps (`points`) against the roofs chosen at the start."""
-    summary = metrics.summarize(records, dict(start.spec.get("slo") or {}))
-    summary["sessions"] = session_summary(sessions)
-    summary["machine_busy"] = load.is_busy
+    the roofline phases of its steps (`points`) against the roofs chosen at the start.
+
+    The summary and phases pool the measured repetitions (warm-up records, repetition 0, left
+    out); `summary.repetitions` has one summary per repetition from 1 to the last one started
+    (`num_repetitions`, or the last that made a record; at least 1), each `is_partial` past the
+    first `num_whole_repetitions`; `summary.spread` is over the whole ones only (a repetition
+    cut short is not noise).
+    """
+    slo = dict(start.spec.get("slo") or {})
+    is_busy = load.is_busy
+    measured_points = [p for p in points if p.get("repetition", 1) >= 1]
+    summary, phases = _summary_of(records, measured_points, sessions, slo, is_busy, start.roofline)
+    last = max(
+        [num_repetitions, num_whole_repetitions, 1]
+        + [r.repetition for r in records if not r.is_warmup]
+        + [s.repetition for s in sessions]
+    )
+    repetitions = []
+    for number in range(1, last + 1):
+        alone, _ = _summary_of(
+            [r for r in records if r.repetition == number and not r.is_warmup],
+            [p for p in measured_points if p.get("repetition", 1) == number],
+            [s for s in sessions if s.repetition == number],
+            slo,
+            is_busy,
+            start.roofline,
+        )
+        repetitions.append(
+            {"repetition": number, "is_partial": number > num_whole_repetitions, **alone}
+        )
+    summary["repetitions"] = repetitions
+    summary["spread"] = spread([r for r in repetitions if not r["is_partial"]])
     roof = start.roofline
     if roof is not None:
-        peaks = roof.roofs
-        phases = roofline.phase_utilization(
-            points, peaks and peaks.read_bytes_per_s, peaks and peaks.flops_per_s
-        )
         roof = dataclasses.replace(
             roof, phases={name: Phase(**values) for name, values in phases.items()}
         )
-        summary["decode_mbu"] = phases.get("decode", {}).get("mbu")
-        summary["prefill_mfu"] = phases.get("prefill", {}).get("mfu")
-        summary["roofline_is_estimated"] = roof.is_estimated
     return dataclasses.replace(
         start,
         interrupted=stop_reason is not None,
@@ -133,13 +188,16 @@ def can_rebuild(folder: Path) -> bool:
 
 def rebuild(folder: Path) -> RunResult:
     """results.json of a killed run, from run-start.json and the record files; written into
-    the folder and returned. The sessions come from sessions.jsonl or, when the run did not
-    get to write it, from the requests; the telemetry from telemetry.csv. The openai backend's
-    estimated decode points are made at the end of a run, so its rebuilt roofline is empty."""
+    the folder and returned. The sessions come from sessions.jsonl, which gets a repetition's
+    sessions when it ends: a repetition found there ran to its end; the sessions of the one the
+    kill cut short are rebuilt from its requests. The telemetry comes from telemetry.csv. The
+    openai backend's estimated decode points are made at the end of a run, so its rebuilt
+    roofline is empty."""
     start = read_results(folder / START_FILE)
     records = record_log.read_requests(folder)
-    rows = record_log.read_sessions(folder)
-    sessions = [SessionStats(**row) for row in rows] if rows else sessions_from_requests(records)
+    sessions = [SessionStats(**row) for row in record_log.read_sessions(folder)]
+    logged = {s.repetition for s in sessions}
+    sessions += sessions_from_requests([r for r in records if r.repetition not in logged])
     samples = telemetry.read_csv(folder / "telemetry.csv")
     info = dataclasses.replace(start.telemetry, summary=telemetry.summarize(samples))
     result = finish(
@@ -150,6 +208,8 @@ def rebuild(folder: Path) -> RunResult:
         info,
         start.provenance.machine_load,
         stop_reason=KILLED,
+        num_repetitions=0,  # as many as made a record
+        num_whole_repetitions=max(logged, default=0),
         is_rebuilt=True,
     )
     write_results(folder, result)

@@ -198,6 +198,9 @@ class RunSpec:
     workload: WorkloadSpec = field(default_factory=ChatWorkload)
     load: LoadSpec = field(default_factory=ConcurrencyLoad)
     warmup_requests: int = 1
+    # How many times the measured phase runs on the same backend, each time with its own prompt
+    # salt (the warm-up runs once): the spread between repetitions is the run's noise.
+    repeat: int = 1
     slo: dict[str, float] = field(default_factory=dict)  # metrics.SLO_METRICS name → limit (ms)
     temperature: float = 0.0
     ignore_eos: bool = True  # lengths follow the spec, not the model's whims
@@ -207,8 +210,11 @@ class RunSpec:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        """sha256 of the canonical JSON of the spec: same spec, same hash."""
-        text = json.dumps(self.to_dict(), sort_keys=True, default=list)
+        """sha256 of the canonical JSON of the spec: same spec, same hash. `repeat` is left
+        out: it says how many times the workload is measured, not what is measured, so runs
+        with different repetitions compare."""
+        fields = {k: v for k, v in self.to_dict().items() if k != "repeat"}
+        text = json.dumps(fields, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -372,6 +378,8 @@ def _check(spec: RunSpec) -> None:
     }.items():
         if value <= 0:
             raise SpecError(path, f"must be > 0, got {value}")
+    if spec.repeat < 1:
+        raise SpecError("repeat", f"must be >= 1, got {spec.repeat}")
     for path, value in {
         "warmup_requests": spec.warmup_requests,
         "temperature": spec.temperature,

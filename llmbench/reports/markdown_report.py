@@ -30,6 +30,10 @@ def render(run: RunData) -> str:
     if warnings:
         lines.append("")
     lines += _table(("", ""), tables.headline(run))
+    repetitions = tables.repetition_rows(run)
+    if repetitions:
+        lines += ["## Repetitions", "", tables.REPETITION_NOTE, ""]
+        lines += _table(tables.REPETITION_HEADER, repetitions)
     lines += ["## Latency (ms)", ""]
     lines += _table(("metric", *tables.QUANTILES, "count"), tables.latency_rows(run))
     phases = tables.phase_rows(run)

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from llmbench.harness import metrics
+from llmbench.harness.spread import metric_value
 from llmbench.reports.rundata import RunData
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
@@ -195,6 +196,58 @@ def provenance_rows(run: RunData) -> list[tuple[str, str]]:
     if telemetry.get("notes"):
         rows.append(("telemetry", "; ".join(telemetry["notes"])))
     return [(k, str(v)) for k, v in rows]
+
+
+# The repetitions table: (column, spread metric or None, how a value is shown).
+_REPETITION_COLUMNS = (
+    ("output tok/s", "output_tok_per_s", num),
+    ("TTFT p50 (ms)", "ttft_ms.p50", num),
+    ("TPOT p50 (ms)", "tpot_ms.p50", num),
+    ("TPOT p99 (ms)", "tpot_ms.p99", num),
+    ("decode MBU", "decode_mbu", ratio),
+    ("prefill MFU", "prefill_mfu", ratio),
+    ("prefix-cache hit rate", "prefix_cache_hit_rate", ratio),
+)
+REPETITION_HEADER = ("repetition", "requests", *(c[0] for c in _REPETITION_COLUMNS))
+REPETITION_NOTE = (
+    "The numbers above pool every repetition; each row here is one repetition alone. mean and "
+    "cv (stdev / mean, stdev with n - 1) are over the whole repetitions: how much the same "
+    "workload moves from one measurement to the next."
+)
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def repetition_rows(run: RunData) -> list[list[str]]:
+    """A row per repetition (its own summary), then the mean and the coefficient of variation
+    between the whole repetitions (`summary.spread`); no rows for a run of one repetition."""
+    s = run.summary
+    repetitions = s.get("repetitions") or []
+    if len(repetitions) < 2:
+        return []
+    rows = [
+        [
+            f"{r['repetition']}{' (partial)' if r['is_partial'] else ''}",
+            str(r["num_completed"]),
+            *(show(metric_value(r, name)) for _, name, show in _REPETITION_COLUMNS),
+        ]
+        for r in repetitions
+    ]
+    spread = s.get("spread") or {}
+    for statistic, show_all in (("mean", None), ("cv", percent)):
+        rows.append(
+            [
+                statistic,
+                "",
+                *(
+                    (show_all or show)((spread.get(name) or {}).get(statistic))
+                    for _, name, show in _REPETITION_COLUMNS
+                ),
+            ]
+        )
+    return rows
 
 
 SWEEP_HEADER = (

@@ -178,6 +178,94 @@ def test_report_refuses_an_unknown_schema_version_in_one_line(tmp_path):
         result = llmbench(command, str(tmp_path))
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip() == (
-            f"error: {path}: results schema_version 99; this llmbench reads 1, 2: "
+            f"error: {path}: results schema_version 99; this llmbench reads 1, 2, 3: "
             "upgrade llmbench to read it"
         )
+
+
+# Three repetitions of 2 agentic sessions one at a time, 0.2 s of tool time between turns: a
+# repetition takes a few seconds, so a signal sent once repetition 2 has a record lands in it.
+REPEATED = [
+    "--set",
+    "workload.sessions=2",
+    "--set",
+    "load.concurrency=1",
+    "--set",
+    "workload.tool_latency_s=0.2",
+    "--repeat",
+    "3",
+]
+
+
+def start_repeated_run(out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "llmbench", "run", "agentic", *TINY, *REPEATED, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_repetition(proc: subprocess.Popen, out: Path, number: int) -> None:
+    """Until requests.jsonl holds a whole line of repetition `number`."""
+    deadline = time.monotonic() + NO_HANG_S
+    path = out / "requests.jsonl"
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        lines = path.read_text().split("\n")[:-1] if path.is_file() else []
+        if any(json.loads(line)["repetition"] == number for line in lines):
+            return
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"no record of repetition {number} in {NO_HANG_S} s")
+
+
+def test_a_signal_in_repetition_2_keeps_1_whole_and_2_partial(tmp_path):
+    out = tmp_path / "run"
+    proc = start_repeated_run(out)
+    wait_for_repetition(proc, out, 2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=NO_HANG_S)
+    assert proc.returncode == 143, stderr
+    results = json.loads((out / "results.json").read_text())
+    summary = results["summary"]
+    assert [(r["repetition"], r["is_partial"]) for r in summary["repetitions"]] == [
+        (1, False),
+        (2, True),
+    ]
+    assert summary["repetitions"][1]["num_completed"] >= 1
+    assert summary["num_completed"] == sum(r["num_completed"] for r in summary["repetitions"])
+    # The spread is over the whole repetition only: one, so no stdev.
+    assert summary["spread"]["tpot_ms.p50"]["stdev"] is None
+    assert summary["spread"]["tpot_ms.p50"]["mean"] == summary["repetitions"][0]["tpot_ms"]["p50"]
+    assert "repetitions: 1 whole, repetition 2 of 3 cut short (its numbers are partial)" in stdout
+    assert "| 2 (partial) |" in (out / "report.md").read_text()
+    sessions = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert {s["repetition"] for s in sessions} <= {1, 2}
+    assert sum(s["repetition"] == 1 for s in sessions) == 2
+
+
+def test_kill_9_in_repetition_2_and_report_rebuilds_the_repetitions(tmp_path):
+    out = tmp_path / "run"
+    proc = start_repeated_run(out)
+    wait_for_repetition(proc, out, 2)
+    proc.kill()
+    proc.communicate(timeout=NO_HANG_S)
+    assert not (out / "results.json").exists()
+    result = llmbench("report", str(out))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    # Repetition 1 ended (its sessions were logged when it did); 2 was cut by the kill.
+    assert [(r["repetition"], r["is_partial"]) for r in summary["repetitions"]] == [
+        (1, False),
+        (2, True),
+    ]
+    assert summary["repetitions"][0]["sessions"]["num_sessions"] == 2
+    assert summary["repetitions"][1]["num_completed"] >= 1
+    assert "## Repetitions" in (out / "report.md").read_text()
+
+
+def test_repeat_below_1_is_one_line(tmp_path):
+    result = llmbench("run", "chat", "--repeat", "0", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --repeat 0: must be >= 1"

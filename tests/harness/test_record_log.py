@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,19 +30,49 @@ def lines_within(path, count: int, timeout_s: float = 5.0) -> list[str]:
 
 
 def test_records_reach_the_disk_before_the_log_closes(tmp_path):
-    log = RecordLog(tmp_path, cost_step=lambda step: {"costed": step})
+    log = RecordLog(tmp_path, cost_step=lambda step: {"costed": step.t_start_ns})
     log.request(a_record(1))
-    log.step(7)  # anything the cost function takes: an engine StepRecord in a run
+    log.step(SimpleNamespace(t_start_ns=7))  # an engine StepRecord in a run
     lines = lines_within(tmp_path / "requests.jsonl", 1)
     assert json.loads(lines[0])["request_id"] == "s1-t0"  # flushed while the run goes on
-    assert lines_within(tmp_path / "steps.jsonl", 1) == ['{"costed": 7}']
+    assert lines_within(tmp_path / "steps.jsonl", 1) == ['{"costed": 7, "repetition": 0}']
     log.request(a_record(2))
     log.session(SessionStats("s1", num_requests=1))
-    log.point({"phase": "decode"})
+    log.point({"phase": "decode", "repetition": 2})
     log.close()
     assert [r.request_id for r in record_log.read_requests(tmp_path)] == ["s1-t0", "s2-t0"]
-    assert record_log.read_steps(tmp_path) == [{"costed": 7}, {"phase": "decode"}]
+    assert record_log.read_steps(tmp_path) == [
+        {"costed": 7, "repetition": 0},
+        {"phase": "decode", "repetition": 2},
+    ]
     assert record_log.read_sessions(tmp_path)[0]["session_id"] == "s1"
+
+
+def test_a_step_belongs_to_the_repetition_under_way_when_it_started(tmp_path):
+    log = RecordLog(tmp_path, cost_step=lambda step: {"t": step.t_start_ns})
+    log.start_repetition(1, 100)
+    log.start_repetition(2, 200)
+    for t in (50, 100, 199, 200, 350):  # a step of repetition 1 may be written after 2 began
+        log.step(SimpleNamespace(t_start_ns=t))
+    with pytest.raises(ValueError, match="repetition 4 after 2"):
+        log.start_repetition(4, 300)
+    log.close()
+    assert [(s["t"], s["repetition"]) for s in record_log.read_steps(tmp_path)] == [
+        (50, 0),  # before repetition 1: the warm-up
+        (100, 1),
+        (199, 1),
+        (200, 2),
+        (350, 2),
+    ]
+
+
+def test_lines_written_before_repetitions_read_as_repetition_1(tmp_path):
+    (tmp_path / "steps.jsonl").write_text('{"phase": "decode"}\n')
+    (tmp_path / "sessions.jsonl").write_text('{"session_id": "s0"}\n')
+    (tmp_path / "requests.jsonl").write_text(json.dumps(vars(a_record(1))) + "\n")
+    assert record_log.read_steps(tmp_path) == [{"repetition": 1, "phase": "decode"}]
+    assert record_log.read_sessions(tmp_path) == [{"repetition": 1, "session_id": "s0"}]
+    assert record_log.read_requests(tmp_path)[0].repetition == 1
 
 
 def test_opening_a_log_starts_the_files_over(tmp_path):
@@ -53,7 +84,7 @@ def test_opening_a_log_starts_the_files_over(tmp_path):
 def test_a_line_cut_by_a_kill_is_dropped(tmp_path):
     good = json.dumps({"a": 1})
     (tmp_path / "steps.jsonl").write_text(f'{good}\n{{"a": 2, "b"')
-    assert record_log.read_steps(tmp_path) == [{"a": 1}]
+    assert record_log.read_steps(tmp_path) == [{"repetition": 1, "a": 1}]
 
 
 def test_a_bad_line_in_the_middle_is_named(tmp_path):

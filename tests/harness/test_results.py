@@ -1,7 +1,9 @@
-"""results.json: the typed `RunResult` round trip, the schema version check, v1 migration."""
+"""results.json: the typed `RunResult` round trip, the schema version check, v2 and v1
+migration."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -84,7 +86,7 @@ def test_round_trip_write_read_equal(tmp_path):
     result = a_result()
     path = results.write_results(tmp_path, result)
     assert path == tmp_path / "results.json"
-    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 2
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 3
     assert results.read_results(tmp_path) == result
     assert results.read_results(path) == result  # the file or its folder
     assert not (tmp_path / "results.json.tmp").exists()  # written atomically
@@ -110,7 +112,7 @@ def _write(tmp_path, data) -> None:
 @pytest.mark.parametrize(
     "version, found, hint",
     [
-        (3, "3", "upgrade llmbench to read it"),
+        (4, "4", "upgrade llmbench to read it"),
         (99, "99", "upgrade llmbench to read it"),
         (0, "0", "is it an llmbench results file?"),
         ("2", "'2'", "is it an llmbench results file?"),
@@ -128,7 +130,7 @@ def test_an_unknown_schema_version_is_refused_in_one_line(tmp_path, version, fou
         results.read_results(tmp_path)
     path = tmp_path / "results.json"
     assert str(error.value) == (
-        f"{path}: results schema_version {found}; this llmbench reads 1, 2: {hint}"
+        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3: {hint}"
     )
 
 
@@ -157,6 +159,46 @@ def test_not_json_and_no_file_are_one_line_errors(tmp_path):
         results.read_results(tmp_path)
 
 
+def version_2(result: RunResult) -> dict:
+    """What a schema_version 2 writer wrote for the same run (`a_result` has no repetition keys,
+    as version 2 had none: the summary is its pooled one)."""
+    data = json.loads(json.dumps(results.to_dict(result)))
+    data["schema_version"] = 2
+    return data
+
+
+def test_version_2_is_migrated_as_one_repetition(tmp_path):
+    whole = dataclasses.replace(a_result(), interrupted=False, stop_reason=None)
+    _write(tmp_path, version_2(whole))
+    migrated = results.read_results(tmp_path)
+    summary = {"ttft_ms": {"mean": 1.5, "p50": None, "count": 3}, "num_completed": 3}
+    assert migrated.spec["repeat"] == 1
+    assert {k: migrated.summary[k] for k in summary} == summary
+    assert migrated.summary["repetitions"] == [{"repetition": 1, "is_partial": False, **summary}]
+    spread = migrated.summary["spread"]
+    assert spread["ttft_ms.mean"] == {"mean": 1.5, "stdev": None, "cv": None}
+    assert (
+        spread["ttft_ms.p50"] == spread["decode_mbu"] == {"mean": None, "stdev": None, "cv": None}
+    )
+    assert migrated.provenance == whole.provenance and migrated.roofline == whole.roofline
+    # Written back, it is a version-3 file that reads the same.
+    results.write_results(tmp_path, migrated)
+    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 3
+    assert results.read_results(tmp_path) == migrated
+
+
+def test_version_2_interrupted_is_one_partial_repetition_and_no_spread(tmp_path):
+    _write(tmp_path, version_2(a_result()))  # interrupted by SIGTERM
+    summary = results.read_results(tmp_path).summary
+    assert [r["is_partial"] for r in summary["repetitions"]] == [True]
+    assert all(v == {"mean": None, "stdev": None, "cv": None} for v in summary["spread"].values())
+
+
+def test_version_2_run_start_keeps_its_empty_summary(tmp_path):
+    _write(tmp_path, version_2(dataclasses.replace(a_result(), summary={})))
+    assert results.read_results(tmp_path).summary == {}
+
+
 def version_1(result: RunResult) -> dict:
     """What a schema_version 1 writer wrote for the same run."""
     data = json.loads(json.dumps(results.to_dict(result)))
@@ -180,7 +222,10 @@ def test_version_1_is_migrated(tmp_path):
     assert hardware.matmul_flops_per_s == result.provenance.hardware.matmul_flops_per_s
     assert migrated.roofline.roofs.sources == {}
     assert migrated.roofline.phases == result.roofline.phases
-    assert migrated.summary == result.summary
+    # ... and on through version 2: one repetition (partial: the run was interrupted).
+    assert {k: migrated.summary[k] for k in result.summary} == result.summary
+    assert [r["is_partial"] for r in migrated.summary["repetitions"]] == [True]
+    assert migrated.spec["repeat"] == 1
 
 
 def test_version_1_from_before_phases_is_refused(tmp_path):

@@ -130,6 +130,19 @@ def test_spec_hash_is_stable_and_sensitive(tmp_path):
     assert load_spec(path).hash() != load_spec(path, ["seed=1"]).hash()
 
 
+def test_repeat_is_at_least_1_and_not_part_of_the_hash(tmp_path):
+    path = write(tmp_path, "name: t\nrepeat: 3\n")
+    assert load_spec(path).repeat == 3
+    assert load_spec(write(tmp_path, "name: t\n")).repeat == 1
+    # How many times it is measured is not what is measured: runs with any repeat compare.
+    assert load_spec(path).hash() == load_spec(path, ["repeat=1"]).hash()
+    with pytest.raises(UserError) as err:
+        load_spec(write(tmp_path, "name: t\nrepeat: 0\n"))
+    assert str(err.value) == f"{tmp_path / 'x.yaml'}:2: repeat: must be >= 1, got 0"
+    with pytest.raises(UserError, match="repeat: must be an integer, got 'twice'"):
+        load_spec(path, ["repeat=twice"])
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="cannot read"):
         load_spec(tmp_path / "nope.yaml")
