@@ -155,8 +155,10 @@ class Session:
 def build_sessions(spec: WorkloadSpec, seed: int, tokens: Tokens, salt: str = "") -> list[Session]:
     """The sessions of a workload; the same spec, seed, tokenizer and salt give the same list.
 
-    `salt` changes every non-shared text (warm-up sessions use one so they never share prompts
-    with the measured ones).
+    `salt` changes every non-shared text but no length, count or delay: a salted workload has
+    the same shape with other words (warm-up sessions use one so they never share prompts with
+    the measured ones; so does each repetition of `--repeat`, so its spread is the machine's,
+    not the workload's).
     """
     shared = random.Random(f"{seed}:shared")
     system = tokens.text(spec.system_prompt_tokens, shared)
@@ -174,13 +176,16 @@ def build_sessions(spec: WorkloadSpec, seed: int, tokens: Tokens, salt: str = ""
         ]
     sessions = []
     for index in range(spec.sessions):
-        rng = random.Random(f"{seed}:{salt}:session:{index}")
+        # Two generators: `shape` draws lengths, counts, delays and choices (unsalted), `text`
+        # draws the words (salted).
+        shape = random.Random(f"{seed}:session:{index}")
+        text = random.Random(f"{seed}:{salt}:session-text:{index}")
         if isinstance(spec, ChatWorkload):
-            turns = _chat_turns(spec, rng, tokens)
+            turns = _chat_turns(spec, shape, text, tokens)
         elif isinstance(spec, RagWorkload):
-            turns = _rag_turns(spec, rng, tokens, corpus)
+            turns = _rag_turns(spec, shape, text, tokens, corpus)
         else:
-            turns = _agentic_turns(spec, rng, tokens, tools)
+            turns = _agentic_turns(spec, shape, text, tokens, tools)
         sessions.append(Session(f"{salt}s{index}", system, tuple(turns), tools))
     return sessions
 
@@ -244,14 +249,16 @@ def tool_schemas(num_tokens: int, rng: random.Random, tokens: Tokens) -> tuple[T
     return tuple(schemas(descriptions))
 
 
-def _chat_turns(spec: ChatWorkload, rng: random.Random, tokens: Tokens) -> list[Turn]:
+def _chat_turns(
+    spec: ChatWorkload, shape: random.Random, text: random.Random, tokens: Tokens
+) -> list[Turn]:
     turns = []
-    for k in range(draw_count(spec.turns, rng)):
-        delay = draw(spec.think_time_s, rng) if k else 0.0
+    for k in range(draw_count(spec.turns, shape)):
+        delay = draw(spec.think_time_s, shape) if k else 0.0
         turns.append(
             Turn(
-                tokens.text(draw_count(spec.user_tokens, rng), rng),
-                draw_count(spec.output_tokens, rng),
+                tokens.text(draw_count(spec.user_tokens, shape), text),
+                draw_count(spec.output_tokens, shape),
                 delay,
             )
         )
@@ -259,41 +266,49 @@ def _chat_turns(spec: ChatWorkload, rng: random.Random, tokens: Tokens) -> list[
 
 
 def _rag_turns(
-    spec: RagWorkload, rng: random.Random, tokens: Tokens, corpus: list[str]
+    spec: RagWorkload,
+    shape: random.Random,
+    text: random.Random,
+    tokens: Tokens,
+    corpus: list[str],
 ) -> list[Turn]:
     # Zipf popularity: document i is picked with weight 1 / (i + 1)^s.
     weights = [1.0 / (i + 1) ** spec.zipf_s for i in range(len(corpus))]
     chosen: list[int] = []
     while len(chosen) < spec.docs_per_query:
-        (i,) = rng.choices(range(len(corpus)), weights=weights)
+        (i,) = shape.choices(range(len(corpus)), weights=weights)
         if i not in chosen:
             chosen.append(i)
     documents = "\n\n".join(f"Document {i}:\n{corpus[i]}" for i in chosen)
-    question = tokens.text(draw_count(spec.user_tokens, rng), rng)
+    question = tokens.text(draw_count(spec.user_tokens, shape), text)
     content = f"{documents}\n\nQuestion: {question}"
-    return [Turn(content, draw_count(spec.output_tokens, rng), 0.0)]
+    return [Turn(content, draw_count(spec.output_tokens, shape), 0.0)]
 
 
 def _agentic_turns(
-    spec: AgenticWorkload, rng: random.Random, tokens: Tokens, tools: tuple[Tool, ...] | None
+    spec: AgenticWorkload,
+    shape: random.Random,
+    text: random.Random,
+    tokens: Tokens,
+    tools: tuple[Tool, ...] | None,
 ) -> list[Turn]:
     """The task, then one turn per tool step: the tool's result, after the tool's latency. With
     `tools` (`tools_as: api`) each step also names the call the previous reply made."""
-    task = tokens.text(draw_count(spec.user_tokens, rng), rng)
-    turns = [Turn(task, draw_count(spec.output_tokens, rng), 0.0)]
-    num_steps = round(draw(spec.tool_steps, rng))
+    task = tokens.text(draw_count(spec.user_tokens, shape), text)
+    turns = [Turn(task, draw_count(spec.output_tokens, shape), 0.0)]
+    num_steps = round(draw(spec.tool_steps, shape))
     for step in range(num_steps):
-        result = tokens.text(draw_count(spec.tool_result_tokens, rng), rng)
+        result = tokens.text(draw_count(spec.tool_result_tokens, shape), text)
         is_last = step == num_steps - 1
-        max_tokens = draw_count(spec.final_output_tokens if is_last else spec.output_tokens, rng)
-        delay_s = draw(spec.tool_latency_s, rng)
+        max_tokens = draw_count(spec.final_output_tokens if is_last else spec.output_tokens, shape)
+        delay_s = draw(spec.tool_latency_s, shape)
         if tools is None:
             turns.append(Turn(f"Tool result:\n{result}", max_tokens, delay_s, is_tool_result=True))
             continue
         call = ToolCall(
-            call_id=f"call_{rng.getrandbits(48):012x}",
-            name=rng.choice(tools)["function"]["name"],
-            arguments=json.dumps({"query": tokens.text(_QUERY_TOKENS, rng)}),
+            call_id=f"call_{text.getrandbits(48):012x}",
+            name=shape.choice(tools)["function"]["name"],
+            arguments=json.dumps({"query": tokens.text(_QUERY_TOKENS, text)}),
         )
         turns.append(Turn(result, max_tokens, delay_s, is_tool_result=True, tool_call=call))
     return turns

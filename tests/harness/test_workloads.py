@@ -116,19 +116,31 @@ def test_turns_distribution_is_respected(tokens):
     assert counts == {1, 2, 3}
 
 
-def test_text_mode_sessions_are_unchanged():
-    """`tools_as: text` (the default) and the other kinds give exactly the sessions they gave
-    before tools could go through the API (digests taken from that version of this module)."""
-    tok = Tokenizer.byte_level()
-    tokens = Tokens(tok.encode, tok.decode)
-    common = {"sessions": 3, "system_prompt_tokens": 30, "user_tokens": Dist(value=10)}
-    specs = {
-        "b1a1c875c388759e": ChatWorkload(**common),
-        "13f9a7f68bb94613": RagWorkload(**common, num_documents=5, document_tokens=Dist(value=20)),
-        "5deac83757448ae8": AgenticWorkload(**common, tool_schema_tokens=40),
+@pytest.mark.parametrize("kind", ["chat", "rag", "agentic"])
+def test_a_salt_changes_the_words_but_not_the_shape(tokens, kind):
+    """Warm-up and each `--repeat` repetition: other texts, the same token counts, output
+    lengths and delays, so repetitions differ only by the machine's noise."""
+    common = {
+        "sessions": 4,
+        "system_prompt_tokens": 30,
+        "user_tokens": Dist(dist="uniform", min=5, max=40),
     }
-    for digest, spec in specs.items():
-        assert sessions_hash(build_sessions(spec, 5, tokens)) == digest
+    spec = {
+        "chat": ChatWorkload(**common, turns=Dist(dist="uniform", min=1, max=3)),
+        "rag": RagWorkload(**common, num_documents=5, document_tokens=Dist(value=20)),
+        "agentic": AgenticWorkload(**common, tool_steps=Dist(dist="uniform", min=1, max=4)),
+    }[kind]
+
+    plain, salted = build_sessions(spec, 3, tokens), build_sessions(spec, 3, tokens, salt="rep2-")
+    for a, b in zip(plain, salted, strict=True):
+        assert a.system_prompt == b.system_prompt  # shared by design
+        assert len(a.turns) == len(b.turns)
+        for x, y in zip(a.turns, b.turns, strict=True):
+            assert (x.max_tokens, x.delay_s) == (y.max_tokens, y.delay_s)
+            assert x.content != y.content
+            # Each text has its exact count; where a RAG question follows "Question: ", a BPE
+            # tokenizer may merge one pair across the join.
+            assert abs(len(tokens.encode(x.content)) - len(tokens.encode(y.content))) <= 1
 
 
 def test_api_tools_are_shared_definitions_and_each_step_names_its_call(tokens):
