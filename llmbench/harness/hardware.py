@@ -10,12 +10,14 @@ Every probe is sized by time, inside one budget for all of them (`DEFAULT_BUDGET
 starts at 256² (1024² on a GPU) and doubles up to 2048² (8192²) while one run stays under
 `MAX_RUN_S`, so a dtype with no fast path (float16 on most CPUs runs at 0.3-2 GFLOP/s: one 2048²
 run takes 10-60 s) is measured smaller, and a note says so. Then up to `REPEATS` runs are timed
-(the median is kept) within the probe's cap (`PROBE_CAP_S`) and what is left of the budget;
-a small matmul shows a slow path at its best, which errs on the high side, as a roof should.
-Bandwidth is
-always measured (about a second); a dtype the budget has no time left for is skipped with a note
-and measured by a later call. Results are cached per device, thread count and torch version,
-each probe with its date; `ceilings` measures only what the cache lacks, and says where each
+within the probe's cap (`PROBE_CAP_S`) and what is left of the budget, and the best run is the
+roof (as STREAM reports the best of N): a roof is what the hardware reaches, and the median of a
+few short runs moved by a fifth between two runs of the same code on this 2-core machine
+(33-43 GB/s read), which a gate on MBU would read as a regression. A small matmul shows a slow
+path at its best, which errs on the high side, as a roof should. Bandwidth is always measured
+(`BANDWIDTH_ALLOCATIONS` fresh buffers × `BANDWIDTH_REPEATS` runs, about a second); a dtype the
+budget has no time left for is skipped with a note and measured by a later call. Results are
+cached per device, thread count and torch version, each probe with its date; `ceilings` measures only what the cache lacks, and says where each
 number came from; `llmbench hardware --refresh` measures everything again.
 """
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,7 +33,9 @@ from typing import Any
 DEFAULT_BUDGET_S = 60.0  # all the probes of one measurement
 PROBE_CAP_S = 10.0  # one probe at most
 MAX_RUN_S = 0.75  # a matmul stops growing before one run would take longer than this
-REPEATS = 5  # timed runs per probe (the median is kept), as the cap allows
+REPEATS = 5  # timed runs per matmul probe (the best is kept), as the cap allows
+BANDWIDTH_REPEATS = 10  # timed runs per bandwidth probe and buffer (~10 ms each on a CPU)
+BANDWIDTH_ALLOCATIONS = 6  # fresh buffers per bandwidth measurement
 MATMUL_DTYPES = ("float32", "bfloat16", "float16", "int8")
 # A dtype measured small and this many times slower than the fastest dtype measured before it
 # in the same call is said to have no fast path on the device.
@@ -60,11 +63,12 @@ def _repeat(
     times: list[float],
     start: float,
     cap_s: float,
+    repeats: int = REPEATS,
 ) -> list[float]:
-    """`times` (runs already timed) and more, up to REPEATS in all, while the next run still
+    """`times` (runs already timed) and more, up to `repeats` in all, while the next run still
     fits in `cap_s` seconds since `start` (perf_counter)."""
     times = list(times)
-    while len(times) < REPEATS and time.perf_counter() - start + times[-1] <= cap_s:
+    while len(times) < repeats and time.perf_counter() - start + times[-1] <= cap_s:
         times.append(_timed_once(fn, sync))
     return times
 
@@ -121,7 +125,7 @@ def _probe(size: int, times: list[float], note: str | None = None) -> dict[str, 
     return {
         "size": size,
         "repeats": len(times),
-        "seconds": statistics.median(times),
+        "seconds": min(times),
         "measured_unix_s": time.time(),
         "note": note,
     }
@@ -158,7 +162,9 @@ def measure(
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "matmul_flops_per_s": {},
-        "method": f"median of up to {REPEATS} runs after a warm-up; {num_bytes >> 20} MiB "
+        "method": f"best of up to {BANDWIDTH_ALLOCATIONS}x{BANDWIDTH_REPEATS} (bandwidth, fresh "
+        f"buffers) or {REPEATS} (matmul) runs "
+        f"after a warm-up; {num_bytes >> 20} MiB "
         f"buffers; each matmul doubled from {n_min}x{n_min} to {n_max}x{n_max} while a run "
         f"stays under {MAX_RUN_S:g} s; {budget_s:g} s budget",
         "notes": [],
@@ -168,20 +174,24 @@ def measure(
     }
     if with_bandwidth:
         say("memory bandwidth")
-        src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
-        dst = torch.empty_like(src)
-        for name, fn, moved in (
-            ("copy", lambda: dst.copy_(src), 2 * num_bytes),  # read + write
-            ("read", lambda: src.sum(), num_bytes),
-        ):
-            start = time.perf_counter()
-            fn()
-            sync()
-            cap_s = min(PROBE_CAP_S, max(0.0, deadline - time.perf_counter()))
-            times = _repeat(fn, sync, [_timed_once(fn, sync)], start, cap_s)
-            out["probes"][name] = _probe(num_bytes, times)
-            out[f"{name}_bytes_per_s"] = moved / statistics.median(times)
-        del src, dst
+        times = {"copy": [], "read": []}
+        # Fresh buffers each round: one allocation may land on huge pages and another not, and
+        # the same code measured 42 or 72 GB/s read here depending on which it got.
+        for _ in range(BANDWIDTH_ALLOCATIONS):
+            src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+            dst = torch.empty_like(src)
+            probes = (("copy", lambda: dst.copy_(src)), ("read", lambda: src.sum()))  # noqa: B023
+            for name, fn in probes:
+                start = time.perf_counter()
+                fn()
+                sync()
+                cap_s = min(PROBE_CAP_S, max(0.0, deadline - time.perf_counter()))
+                first = [_timed_once(fn, sync)]
+                times[name] += _repeat(fn, sync, first, start, cap_s, BANDWIDTH_REPEATS)
+            del src, dst
+        for name, moved in (("copy", 2 * num_bytes), ("read", num_bytes)):  # copy: read + write
+            out["probes"][name] = _probe(num_bytes, times[name])
+            out[f"{name}_bytes_per_s"] = moved / min(times[name])
     for dtype in dtypes:
         left_s = deadline - time.perf_counter()
         if left_s <= 0:
@@ -200,12 +210,12 @@ def measure(
         except (RuntimeError, AttributeError, NotImplementedError):
             out["unsupported"].append(dtype)
             continue
-        rate = 2 * n**3 / statistics.median(times)  # n² outputs, n multiply-adds each
+        rate = 2 * n**3 / min(times)  # n² outputs, n multiply-adds each
         note = None
         if n < n_max:
             note = (
                 f"matmul {dtype}: measured at {n}x{n}, not {n_max}x{n_max} (a run took "
-                f"{statistics.median(times) * 1e3:.0f} ms): {rate / 1e9:.2f} GFLOP/s"
+                f"{min(times) * 1e3:.0f} ms): {rate / 1e9:.2f} GFLOP/s"
             )
             rates = out["matmul_flops_per_s"]
             fastest = max(rates, key=rates.get, default=None)
@@ -273,12 +283,14 @@ def _merge(cached: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
 
 def _read_cache(path: Path) -> dict[str, Any] | None:
     """The cache entry, or None when absent, damaged, or written by an llmbench that did not
-    record its probes (measured again: it takes seconds)."""
+    record its probes or kept medians, not the best runs (measured again: it takes seconds)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("probes"), dict):
+        return None
+    if not str(data.get("method", "")).startswith("best of"):
         return None
     data.setdefault("unsupported", [])
     data["skipped"] = []  # what this call skips, not what an earlier one did

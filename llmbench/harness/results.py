@@ -59,7 +59,7 @@ class MachineLoad:
 @dataclass(frozen=True)
 class Probe:
     """One hardware probe as run: its size (bytes, or n of an n×n matmul), timed repeats, the
-    median seconds of one repeat, and when it ran (wall clock, a label)."""
+    seconds of the fastest repeat (the roof), and when it ran (wall clock, a label)."""
 
     size: int
     repeats: int

@@ -11,18 +11,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# The latency distributions of a summary, and the statistics of each whose spread is kept (no
-# `max`: a single slowest request, not a property of the run).
-LATENCY_METRICS = (
-    "ttft_ms",
-    "ttft_from_send_ms",
-    "tpot_ms",
-    "itl_ms",
-    "icl_ms",
-    "e2e_ms",
-    "queue_ms",
-)
-LATENCY_STATISTICS = ("mean", "p50", "p90", "p95", "p99")
+from llmbench.harness.gates import LATENCY_FAMILIES, STATISTICS
+
 # One number per repetition: the rates, goodput, roofline fractions and the prefix hit rate.
 RUN_METRICS = (
     "output_tok_per_s",
@@ -35,7 +25,9 @@ RUN_METRICS = (
     "prefix_cache_hit_rate",
 )
 SPREAD_METRICS = (
-    *(f"{m}.{s}" for m in LATENCY_METRICS for s in LATENCY_STATISTICS),
+    # The latency distributions and the statistics a gate may name (no `max`: one slowest
+    # request is not a property of the run).
+    *(f"{m}.{s}" for m in LATENCY_FAMILIES for s in STATISTICS),
     *RUN_METRICS,
 )
 
