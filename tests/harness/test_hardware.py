@@ -3,6 +3,7 @@ per probe with where each number came from."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -95,7 +96,7 @@ def fake_measure(calls):
             "device_type": "cpu",
             "threads": 2,
             "torch": "2.13.0",
-            "method": "fake",
+            "method": "best of fake runs",
             "matmul_flops_per_s": {d: 1e9 for d in dtypes if d != "float16"},
             "probes": {d: probe for d in dtypes if d != "float16"},
             "skipped": ["float16"] if "float16" in dtypes else [],
@@ -175,3 +176,14 @@ def test_hardware_table_is_data():
 )
 def test_device_names_map_to_their_datasheet(device, key):
     assert hardware.datasheet_name_of(device) == key
+
+
+def test_a_cache_of_medians_is_measured_again(tmp_path, monkeypatch):
+    """Roofs cached by an llmbench that kept the median of its runs, not the best, are stale."""
+    monkeypatch.setenv("LLMBENCH_CACHE", str(tmp_path))
+    path = hardware._cache_path("old")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"method": "median of up to 5 runs", "probes": {}}))
+    assert hardware._read_cache(path) is None
+    path.write_text(json.dumps({"method": "best of up to 6x10", "probes": {}}))
+    assert hardware._read_cache(path) is not None
