@@ -11,14 +11,17 @@ starts at 256² (1024² on a GPU) and doubles up to 2048² (8192²) while one ru
 `MAX_RUN_S`, so a dtype with no fast path (float16 on most CPUs runs at 0.3-2 GFLOP/s: one 2048²
 run takes 10-60 s) is measured smaller, and a note says so. Then up to `REPEATS` runs are timed
 within the probe's cap (`PROBE_CAP_S`) and what is left of the budget, and the best run is the
-roof (as STREAM reports the best of N): a roof is what the hardware reaches, and the median of a
-few short runs moved by a fifth between two runs of the same code on this 2-core machine
-(33-43 GB/s read), which a gate on MBU would read as a regression. A small matmul shows a slow
-path at its best, which errs on the high side, as a roof should. Bandwidth is always measured
-(`BANDWIDTH_ALLOCATIONS` fresh buffers × `BANDWIDTH_REPEATS` runs, about a second); a dtype the
+roof (as STREAM reports the best of N): a roof is what the hardware reaches, and medians of a
+few short runs moved by a fifth between two processes here. A small matmul shows a slow path at
+its best, which errs on the high side, as a roof should. Bandwidth is always measured
+(`BANDWIDTH_ALLOCATIONS` fresh buffers × `BANDWIDTH_REPEATS` runs, about a second). Even so, on
+the 2-core VMs this project is developed on, one process measures 40-50 GB/s read and the next
+67-75 (huge pages or not, it seems), while the engine's speed does not follow: compare MBU
+between runs there with that in mind (the results keep every probe). A dtype the
 budget has no time left for is skipped with a note and measured by a later call. Results are
-cached per device, thread count and torch version, each probe with its date; `ceilings` measures only what the cache lacks, and says where each
-number came from; `llmbench hardware --refresh` measures everything again.
+cached per device, thread count and torch version, each probe with its date; `ceilings`
+measures only what the cache lacks, and says where each number came from; `llmbench hardware
+--refresh` measures everything again.
 """
 
 from __future__ import annotations
