@@ -3,8 +3,9 @@ repetition replays the workload with its own prompt salt through its own driver,
 it makes is logged tagged with its number (0: the warm-up).
 
 Repetition k > 1 salts every session's own text (`rep<k>-`), so it cannot hit the prefix cache on
-what repetition k − 1 sent and look faster for it; what the workload shares between its sessions
-(system prompt, tool schemas, RAG corpus) stays shared, as within one repetition.
+what repetition k − 1 sent and look faster for it; the salt changes words only, never a token
+count, output length or delay, and what the workload shares between its sessions (system prompt,
+tool schemas, RAG corpus) stays shared, as within one repetition.
 """
 
 from __future__ import annotations
