@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.helpers import crash_after
+
 TINY = ["--set", "model=synthetic:tiny", "--set", "dtype=float32", "--set", "warmup_requests=1"]
 SMALL = {
     "chat": [
@@ -341,19 +343,6 @@ def test_prepare_folder_makes_it_or_names_it_in_one_line(tmp_path):
         assert str(error.value).endswith("); pass a folder you can write to")
 
 
-def _crash_after(num_calls: int, target, error: Exception):
-    """`target` that works `num_calls` times, then raises `error`."""
-    calls = {"n": 0}
-
-    def wrapped(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > num_calls:
-            raise error
-        return target(*args, **kwargs)
-
-    return wrapped
-
-
 NO_HANG_S = 120  # a run that does not end by then hangs
 
 
@@ -375,10 +364,10 @@ def test_an_engine_crash_ends_the_run_with_its_error_and_keeps_the_results(
     if where == "forward":
         error = RuntimeError("injected forward failure")
         forward = model.LlamaModel.forward
-        monkeypatch.setattr(model.LlamaModel, "forward", _crash_after(80, forward, error))
+        monkeypatch.setattr(model.LlamaModel, "forward", crash_after(80, forward, error))
     else:
         error = ValueError("injected sampler failure")
-        monkeypatch.setattr(runner, "sample", _crash_after(80, runner.sample, error))
+        monkeypatch.setattr(runner, "sample", crash_after(80, runner.sample, error))
     overrides = [o for o in [*TINY, *SMALL["agentic"]] if o != "--set"]
     spec = load_spec(Path(workloads_init).parent / "agentic.yaml", overrides)
     out, reported, raised = tmp_path / "run", [], []
