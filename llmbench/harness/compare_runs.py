@@ -27,9 +27,9 @@ from llmbench.harness.compare import RunSamples
 from llmbench.harness.gates import LATENCY_FAMILIES, metric_info
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import RESULTS_FILE, Device, RunResult, read_results
+from llmbench.harness.run_summary import can_rebuild
 
 SWEEP_POINT_GLOB = "point-*"
-START_FILE = "run-start.json"  # written when a run starts, replaced by results.json at its end
 # Spec keys that do not change what a repetition measures (names, where the folder goes, how many
 # repetitions): they may differ.
 LABEL_KEYS = ("name", "output_dir", "repeat")
@@ -234,7 +234,7 @@ def load_side(path: Path) -> dict[str | None, LoadedRun]:
         return {None: load_run(path / RESULTS_FILE)}
     points = sorted(p for p in path.glob(SWEEP_POINT_GLOB) if p.is_dir())
     for folder in (*points, path):
-        if not (folder / RESULTS_FILE).is_file() and (folder / START_FILE).is_file():
+        if can_rebuild(folder):
             raise UserError(
                 f"{folder}: no results.json: the run did not finish (killed, or still going); "
                 f"`llmbench report {folder}` rebuilds it from its records"
