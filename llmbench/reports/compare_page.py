@@ -20,8 +20,7 @@ from llmbench.harness.compare_runs import LoadedRun, RunPair
 from llmbench.harness.results import Roofs
 from llmbench.reports.figure import BLUE, GREEN, ORANGE, RED, Plot, hover, new_axes, styled
 from llmbench.reports.html_report import Page, render_page
-from llmbench.reports.roofline_axes import draw_roof, log_axes, marker_area
-from llmbench.reports.tables import si
+from llmbench.reports.roofline_axes import draw_roof, draw_steps, log_axes
 
 SIDES = ("BASE", "NEW")
 SIDE_COLOURS = {"BASE": BLUE, "NEW": ORANGE}
@@ -111,32 +110,21 @@ def roofline_overlay(prefix: str, baseline: LoadedRun, new: LoadedRun) -> Plot |
                 draw_roof(ax, label, r.read_bytes_per_s, r.flops_per_s, color=colour, **style)
     for side, (_, steps) in sides.items():
         seconds, intensity, achieved = numbers[side]
-        groups = [(s["phase"], s.get("num_seqs", 1)) for _, s in steps]
         for phase, marker in PHASE_MARKERS.items():
-            label = f"{side} {phase} ({sum(1 for p, _ in groups if p == phase)} drawn)"
-            for size in sorted({b for p, b in groups if p == phase}):
-                chosen = [k for k, group in enumerate(groups) if group == (phase, size)]
-                points = ax.scatter(
-                    intensity[chosen],
-                    achieved[chosen],
-                    s=marker_area(size),
-                    marker=marker,
-                    color=SIDE_COLOURS[side],
-                    alpha=0.55,
-                    lw=0.5,
-                    clip_on=False,
-                    label=label,
-                )
-                label = "_"  # one legend entry per side and phase
-                hover(
-                    points,
-                    [
-                        f"{side} {phase} step {steps[k][0]}: {size} sequences, "
-                        f"{seconds[k] * 1e3:.3g} ms, {intensity[k]:.3g} FLOP/B, "
-                        f"{si(achieved[k], 'FLOP/s')}"
-                        for k in chosen
-                    ],
-                )
+            num_drawn = sum(1 for _, s in steps if s["phase"] == phase)
+            draw_steps(
+                ax,
+                steps,
+                seconds,
+                intensity,
+                achieved,
+                phase,
+                f"{side} {phase} ({num_drawn} drawn)",
+                name=f"{side} ",
+                marker=marker,
+                color=SIDE_COLOURS[side],
+                alpha=0.55,
+            )
     # Below the axes, where it hides no point (constrained layout makes room for it).
     legend = ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
     for handle in legend.legend_handles:

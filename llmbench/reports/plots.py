@@ -28,8 +28,8 @@ from llmbench.reports.figure import (
 from llmbench.reports.roofline_axes import (
     SI_TICKS,
     draw_roof,
+    draw_steps,
     log_axes,
-    marker_area,
     scatter_legend,
 )
 from llmbench.reports.rundata import RunData
@@ -73,29 +73,9 @@ def roofline(run: RunData) -> Plot | None:
     ):
         if r:
             draw_roof(ax, r["label"], r["read_bytes_per_s"], r["flops_per_s"], **style)
-    groups = [(s["phase"], s.get("num_seqs", 1)) for _, s in steps]  # (phase, batch) per point
     for phase, colour in PHASE_COLOURS.items():
         label = f"{phase} steps ({sum(1 for s in run.steps if s['phase'] == phase)})"
-        # One collection per batch size: equal markers are written once and reused in the SVG.
-        for size in sorted({b for p, b in groups if p == phase}):
-            chosen = [k for k, group in enumerate(groups) if group == (phase, size)]
-            points = ax.scatter(
-                intensity[chosen],
-                achieved[chosen],
-                s=marker_area(size),
-                color=colour,
-                alpha=0.6,
-                lw=0.5,
-                clip_on=False,  # the axes hold every point
-                label=label,
-            )
-            label = "_"  # the phase's legend entry once
-            texts = [
-                f"{phase} step {steps[k][0]}: {size} sequences, {seconds[k] * 1e3:.3g} ms, "
-                f"{intensity[k]:.3g} FLOP/B, {si(achieved[k], 'FLOP/s')}"
-                for k in chosen
-            ]
-            hover(points, texts)
+        draw_steps(ax, steps, seconds, intensity, achieved, phase, label, color=colour, alpha=0.6)
     scatter_legend(ax)
     caption = (
         "Each point is one engine step: x = FLOPs / bytes the cost model says it computed and "

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from llmbench.reports.figure import GREY
+from llmbench.reports.figure import GREY, hover
 from llmbench.reports.tables import si
 
 SI_TICKS = FuncFormatter(lambda value, _: si(value))  # 100M, 1G, 10G
@@ -58,6 +58,41 @@ def draw_roof(ax: Axes, label: str, bytes_per_s: float, flops_per_s: float | Non
 def marker_area(batch: np.ndarray) -> np.ndarray:
     """Scatter marker area (pt²) that grows with the sequences in a step."""
     return 10 + 12 * np.sqrt(batch)
+
+
+def draw_steps(
+    ax: Axes,
+    steps: list[tuple[int, dict]],
+    seconds: np.ndarray,
+    intensity: np.ndarray,
+    achieved: np.ndarray,
+    phase: str,
+    label: str,
+    name: str = "",
+    **style,
+) -> None:
+    """The `phase` steps of (index, step) `steps` as points, each with its numbers on hover
+    ("`name` decode step 3: 2 sequences, ..."), `label` once in the legend. One collection per
+    batch size: equal markers are written once and reused in the SVG."""
+    groups = [(s["phase"], s.get("num_seqs", 1)) for _, s in steps]  # (phase, batch) per point
+    for size in sorted({b for p, b in groups if p == phase}):
+        chosen = [k for k, group in enumerate(groups) if group == (phase, size)]
+        points = ax.scatter(
+            intensity[chosen],
+            achieved[chosen],
+            s=marker_area(size),
+            lw=0.5,
+            clip_on=False,  # the axes hold every point
+            label=label,
+            **style,
+        )
+        label = "_"  # the legend entry once
+        texts = [
+            f"{name}{phase} step {steps[k][0]}: {size} sequences, {seconds[k] * 1e3:.3g} ms, "
+            f"{intensity[k]:.3g} FLOP/B, {si(achieved[k], 'FLOP/s')}"
+            for k in chosen
+        ]
+        hover(points, texts)
 
 
 def scatter_legend(ax: Axes) -> None:
