@@ -46,17 +46,23 @@ def start_run(out: Path, *args: str) -> subprocess.Popen:
     )
 
 
-def wait_for_records(proc: subprocess.Popen, out: Path, count: int) -> None:
-    """Until requests.jsonl holds `count` lines (the warm-up's included)."""
+def wait_for_lines(proc: subprocess.Popen, out: Path, is_enough, what: str) -> None:
+    """Until `is_enough(lines)` holds for the whole lines of requests.jsonl (the run going on)."""
     deadline = time.monotonic() + NO_HANG_S
     path = out / "requests.jsonl"
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1]
-        if path.is_file() and len(path.read_text().splitlines()) >= count:
+        lines = path.read_text().split("\n")[:-1] if path.is_file() else []
+        if is_enough(lines):
             return
         time.sleep(0.05)
     proc.kill()
-    raise AssertionError(f"no {count} records in {NO_HANG_S} s")
+    raise AssertionError(f"no {what} in {NO_HANG_S} s")
+
+
+def wait_for_records(proc: subprocess.Popen, out: Path, count: int) -> None:
+    """Until requests.jsonl holds `count` lines (the warm-up's included)."""
+    wait_for_lines(proc, out, lambda lines: len(lines) >= count, f"{count} records")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -208,16 +214,12 @@ def start_repeated_run(out: Path) -> subprocess.Popen:
 
 def wait_for_repetition(proc: subprocess.Popen, out: Path, number: int) -> None:
     """Until requests.jsonl holds a whole line of repetition `number`."""
-    deadline = time.monotonic() + NO_HANG_S
-    path = out / "requests.jsonl"
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
-        lines = path.read_text().split("\n")[:-1] if path.is_file() else []
-        if any(json.loads(line)["repetition"] == number for line in lines):
-            return
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"no record of repetition {number} in {NO_HANG_S} s")
+    wait_for_lines(
+        proc,
+        out,
+        lambda lines: any(json.loads(line)["repetition"] == number for line in lines),
+        f"record of repetition {number}",
+    )
 
 
 def test_a_signal_in_repetition_2_keeps_1_whole_and_2_partial(tmp_path):
