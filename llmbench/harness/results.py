@@ -1,8 +1,8 @@
 """results.json: a run's typed, versioned result (`RunResult`), written and read here only.
 
 `write_results` writes the file atomically, `read_results` reads it back and checks its
-`schema_version`: the current version (3) is read strictly (a missing or unexpected key is an
-error naming it), versions 2 and 1 are migrated (`_migrate_v2`, `_migrate_v1`: the keys a later
+`schema_version`: the current version (4) is read strictly (a missing or unexpected key is an
+error naming it), versions 3, 2 and 1 are migrated (`_migrate_v3`, ...: the keys a later
 version added get the values an older run had), anything else is refused in one line that names
 the file, the version found and the versions this llmbench reads. What each version holds is
 docs/results-schema.md.
@@ -27,8 +27,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from llmbench.errors import UserError
 from llmbench.harness.spread import spread
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # 1 and 2 are migrated on read
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)  # 1 to 3 are migrated on read
 RESULTS_FILE = "results.json"
 
 
@@ -197,9 +197,11 @@ def read_results(path: Path) -> RunResult:
         raise UserError(f"{path}: not an llmbench results file (not a JSON object)")
     version = data.pop("schema_version", None)
     if version == 1:
-        data = _migrate_v2(_migrate_v1(data, path))
+        data = _migrate_v3(_migrate_v2(_migrate_v1(data, path)))
     elif version == 2:
-        data = _migrate_v2(data)
+        data = _migrate_v3(_migrate_v2(data))
+    elif version == 3:
+        data = _migrate_v3(data)
     elif version != SCHEMA_VERSION:
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)
         found = "none" if version is None else repr(version)
@@ -262,6 +264,11 @@ def _migrate_v2(data: dict[str, Any]) -> dict[str, Any]:
             "spread": spread([] if is_partial else [alone]),
         }
     return data
+
+
+def _migrate_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 → 4: the keys version 4 added, with what they meant in a version-3 run."""
+    return {**data}
 
 
 def from_plain(cls: type, data: Any, where: str) -> Any:

@@ -86,7 +86,7 @@ def test_round_trip_write_read_equal(tmp_path):
     result = a_result()
     path = results.write_results(tmp_path, result)
     assert path == tmp_path / "results.json"
-    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 3
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 4
     assert results.read_results(tmp_path) == result
     assert results.read_results(path) == result  # the file or its folder
     assert not (tmp_path / "results.json.tmp").exists()  # written atomically
@@ -112,7 +112,7 @@ def _write(tmp_path, data) -> None:
 @pytest.mark.parametrize(
     "version, found, hint",
     [
-        (4, "4", "upgrade llmbench to read it"),
+        (5, "5", "upgrade llmbench to read it"),
         (99, "99", "upgrade llmbench to read it"),
         (0, "0", "is it an llmbench results file?"),
         ("2", "'2'", "is it an llmbench results file?"),
@@ -130,7 +130,7 @@ def test_an_unknown_schema_version_is_refused_in_one_line(tmp_path, version, fou
         results.read_results(tmp_path)
     path = tmp_path / "results.json"
     assert str(error.value) == (
-        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3: {hint}"
+        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4: {hint}"
     )
 
 
@@ -183,7 +183,7 @@ def test_version_2_is_migrated_as_one_repetition(tmp_path):
     assert migrated.provenance == whole.provenance and migrated.roofline == whole.roofline
     # Written back, it is a version-3 file that reads the same.
     results.write_results(tmp_path, migrated)
-    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 3
+    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 4
     assert results.read_results(tmp_path) == migrated
 
 
