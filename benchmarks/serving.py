@@ -20,10 +20,16 @@ from llmbench.engine.sampling import SamplingParams
 
 
 def _engine(args: argparse.Namespace, prefix_caching: bool = True) -> LLMEngine:
-    return LLMEngine(EngineConfig(
-        model=args.model, dtype=args.dtype, device="cpu", num_threads=args.threads,
-        max_num_seqs=max(64, args.max_streams), enable_prefix_caching=prefix_caching,
-    ))
+    return LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            device="cpu",
+            num_threads=args.threads,
+            max_num_seqs=max(64, args.max_streams),
+            enable_prefix_caching=prefix_caching,
+        )
+    )
 
 
 def _random_prompt(engine: LLMEngine, num_tokens: int, seed: int) -> list[int]:
@@ -88,11 +94,15 @@ def main() -> None:
         decode_tok_per_s(engine, 1, 8, seed=0)  # warm-up
         results = {}
         for streams in (int(s) for s in args.streams.split(",")):
-            runs = [decode_tok_per_s(engine, streams, args.output_tokens, seed=100 * r)
-                    for r in range(args.repeats)]
+            runs = [
+                decode_tok_per_s(engine, streams, args.output_tokens, seed=100 * r)
+                for r in range(args.repeats)
+            ]
             results[streams] = statistics.median(runs)
-            print(f"{streams:>4} streams: {results[streams]:8.1f} decode tok/s "
-                  f"(runs: {', '.join(f'{x:.1f}' for x in runs)})")
+            print(
+                f"{streams:>4} streams: {results[streams]:8.1f} decode tok/s "
+                f"(runs: {', '.join(f'{x:.1f}' for x in runs)})"
+            )
         base = results[min(results)]
         for streams, value in results.items():
             print(f"{streams:>4} streams: {value / base:5.2f}x the {min(results)}-stream rate")
@@ -101,9 +111,11 @@ def main() -> None:
             engine = _engine(args, prefix_caching=caching)
             runs = [mean_ttft_s(engine, args, seed=1000 * (r + 1)) for r in range(args.repeats)]
             ttft = statistics.median(t for t, _ in runs)
-            print(f"prefix caching {'on ' if caching else 'off'}: mean TTFT {ttft * 1e3:8.1f} ms "
-                  f"(runs: {', '.join(f'{t * 1e3:.0f}' for t, _ in runs)} ms; "
-                  f"hit rate {runs[-1][1]:.2f})")
+            print(
+                f"prefix caching {'on ' if caching else 'off'}: mean TTFT {ttft * 1e3:8.1f} ms "
+                f"(runs: {', '.join(f'{t * 1e3:.0f}' for t, _ in runs)} ms; "
+                f"hit rate {runs[-1][1]:.2f})"
+            )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,17 @@ import sys
 
 import click
 
-from llmbench.cli.options import DEVICE, DTYPE
+from llmbench.cli.options import (
+    DEVICE,
+    DTYPE,
+    KV_CACHE_DTYPE_HELP,
+    MOE_OFFLOAD_HELP,
+    QUANTIZE_HELP,
+    SPECULATIVE_HELP,
+    kv_cache_line,
+    speculative_line,
+    weights_line,
+)
 
 
 @click.command()
@@ -37,6 +47,10 @@ from llmbench.cli.options import DEVICE, DTYPE
     help="KV cache size: bytes, or a fraction (<= 1) of free GPU memory",
 )
 @click.option("--block-size", default=16, show_default=True, type=int, help="tokens per KV block")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help=KV_CACHE_DTYPE_HELP)
+@click.option("--speculative", default="none", show_default=True, help=SPECULATIVE_HELP)
+@click.option("--quantize", default="none", show_default=True, help=QUANTIZE_HELP)
+@click.option("--moe-offload", default="none", show_default=True, help=MOE_OFFLOAD_HELP)
 def generate(
     prompt: str,
     model: str,
@@ -54,11 +68,19 @@ def generate(
     threads: int | None,
     kv_cache_memory: float | None,
     block_size: int,
+    kv_cache_dtype: str,
+    speculative: str,
+    quantize: str,
+    moe_offload: str,
 ) -> None:
     """Generate text for PROMPT, streamed to stdout; timings go to stderr."""
     from llmbench.engine.engine import EngineConfig, LLMEngine
+    from llmbench.engine.kv_dtype import parse_kv_cache_dtype
     from llmbench.engine.sampling import SamplingParams
+    from llmbench.engine.speculative import parse_speculative
     from llmbench.harness.generate_stats import decode_bytes_per_s, format_summary
+    from llmbench.harness.moe_offload import engine_offload, link_line, parse_moe_offload
+    from llmbench.harness.speculative_stats import draft_model_of
 
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -70,6 +92,7 @@ def generate(
         stop=stop,
         ignore_eos=ignore_eos,
     )
+    offload = parse_moe_offload(moe_offload)
     engine = LLMEngine(
         EngineConfig(
             model=model,
@@ -79,6 +102,10 @@ def generate(
             max_num_seqs=1,
             kv_cache_memory=kv_cache_memory,
             block_size=block_size,
+            kv_cache_dtype=parse_kv_cache_dtype(kv_cache_dtype),
+            speculative=parse_speculative(speculative),
+            quantize=quantize,
+            moe_offload=engine_offload(offload, device) if offload else None,
         )
     )
     tokenizer = engine.tokenizer
@@ -88,21 +115,39 @@ def generate(
         prompt_ids = tokenizer.encode(prompt)
     token_ns = []
     finish_reason = None
+    last = None
     for out in engine.stream(prompt_ids, params):
-        token_ns.append(out.t_ns)
+        token_ns += [out.t_ns] * len(out.new_token_ids)  # a verify step may bring several
         finish_reason = out.finish_reason
+        last = out
         sys.stdout.write(out.new_text)
         sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
     records = engine.step_records
     prefill_ns = sum(r.t_end_ns - r.t_start_ns for r in records if r.num_prefill_tokens)
-    bytes_per_s = decode_bytes_per_s(engine.model_config, records, engine.dtype.itemsize)
-    stats = format_summary(len(prompt_ids), prefill_ns / 1e6, token_ns, bytes_per_s)
     kv = engine.kv_cache
+    bytes_per_s = decode_bytes_per_s(
+        engine.model_config,
+        records,
+        engine.dtype.itemsize,
+        kv.bytes_per_elem,
+        draft_model_of(engine),
+        engine.model.weight_bytes,
+    )
+    stats = format_summary(len(prompt_ids), prefill_ns / 1e6, token_ns, bytes_per_s)
     click.echo(
-        f"[{engine.source_description}, {dtype}, {engine.device}, kv cache {kv.num_blocks} "
-        f"blocks x {kv.block_size} tokens = {kv.num_bytes / 2**20:.0f} MiB] "
+        f"[{engine.source_description}, {dtype}, {engine.device}, {weights_line(engine)}, "
+        f"{kv_cache_line(kv)}] "
         f"finish={finish_reason} {stats}",
         err=True,
     )
+    if engine.expert_offload is not None:
+        click.echo(f"[{engine.expert_offload.describe()}] {link_line(records)}", err=True)
+    spec_line = speculative_line(engine)
+    if spec_line and last is not None:
+        proposed, accepted = last.num_proposed_tokens, last.num_accepted_tokens
+        rate = f" ({accepted / proposed:.0%})" if proposed else ""
+        click.echo(
+            f"[{spec_line}] {accepted} of {proposed} draft tokens accepted{rate}", err=True
+        )

@@ -8,7 +8,11 @@ import click
 
 from llmbench.cli.compare import compare
 from llmbench.cli.generate import generate
+from llmbench.cli.merge import merge
 from llmbench.cli.models import inspect, models
+from llmbench.cli.moe import moe
+from llmbench.cli.profile import profile
+from llmbench.cli.quality import quality
 from llmbench.cli.roofline import hardware_command, roofline
 from llmbench.cli.run import export, report, run
 from llmbench.cli.serve import serve
@@ -28,6 +32,10 @@ def cli() -> None:
 for command in (generate, run, report, export, serve, hardware_command, roofline, inspect, models):
     cli.add_command(command)
 cli.add_command(compare)
+cli.add_command(merge)
+cli.add_command(quality)
+cli.add_command(profile)
+cli.add_command(moe)
 
 
 def main() -> None:

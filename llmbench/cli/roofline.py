@@ -32,11 +32,38 @@ def hardware_command(device: str, threads: int | None, refresh: bool, as_json: b
         click.echo(json.dumps(roofs, indent=2))
         return
     click.echo(f"{roofs['device']} ({roofs['threads']} threads, torch {roofs['torch']})")
-    click.echo(f"  copy bandwidth  {roofs['copy_bytes_per_s'] / 1e9:8.1f} GB/s (read + write)")
-    click.echo(f"  read bandwidth  {roofs['read_bytes_per_s'] / 1e9:8.1f} GB/s")
-    for dtype, flops in roofs["matmul_flops_per_s"].items():
-        click.echo(f"  matmul {dtype:<8} {flops / 1e9:8.1f} GFLOP/s")
+    click.echo(hardware_table(roofs))
+    click.echo(f"  read roof: {roofs['read_bytes_per_s'] / 1e9:.1f} GB/s, {_read_source(roofs)}")
+    for note in roofs.get("notes", []):
+        click.echo(f"  note: {note}")
     click.echo(f"  ({roofs['method']})")
+
+
+def hardware_table(roofs: dict) -> str:
+    """Every probe: how it ran, its best and median rate, the spread of its runs, and where its
+    number came from (measured now, or the cache and its date)."""
+    lines = [
+        f"  {'probe':<14}{'threads':>8}{'best':>11}{'median':>11}{'spread':>8}{'runs':>6}  "
+        "unit     source"
+    ]
+    for name, probe in roofs["probes"].items():
+        scale = 1e9
+        unit = "GB/s" if probe.get("unit") == "B/s" else "GFLOP/s"
+        best = probe.get("best_per_s")
+        median = probe.get("median_per_s")
+        spread = probe.get("spread")
+        lines.append(
+            f"  {name:<14}{probe.get('threads') or '-':>8}"
+            f"{'-' if best is None else f'{best / scale:.1f}':>11}"
+            f"{'-' if median is None else f'{median / scale:.1f}':>11}"
+            f"{'-' if spread is None else f'{spread:.0%}':>8}{probe['repeats']:>6}  "
+            f"{unit:<8} {roofs.get('sources', {}).get(name, '')}"
+        )
+    return "\n".join(lines)
+
+
+def _read_source(roofs: dict) -> str:
+    return roofs.get("sources", {}).get("read_bytes_per_s", "probe read")
 
 
 def _sizes(text: str, option: str) -> list[int]:
@@ -75,7 +102,11 @@ def _sizes(text: str, option: str) -> list[int]:
     help="weight storage and math dtype",
 )
 @click.option(
-    "--kv-dtype", default="bfloat16", show_default=True, type=click.Choice(sorted(BYTES_PER_ELEM))
+    "--kv-dtype",
+    default="bfloat16",
+    show_default=True,
+    help="KV cache storage, keys and values alike (int8) or apart (k=bfloat16,v=int4); int8 and "
+    "int4 with a float16 scale per token and KV head, as the built-in engine stores them",
 )
 @click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
@@ -104,6 +135,7 @@ def roofline(
     import json
 
     from llmbench.harness import cost_model
+    from llmbench.harness.whatif import whatif_rows
 
     config = _model_config(model)
     # Weight-only GGUF formats are dequantised into 16-bit math; int8/int4/fp8 run int8 math.
@@ -113,43 +145,24 @@ def roofline(
     bandwidth, peak_flops, hardware_label = _peaks(hardware_name, flops_dtype)
     if tp < 1:
         raise UserError("roofline: --tp must be >= 1")
-    wbytes, kvbytes = BYTES_PER_ELEM[dtype], BYTES_PER_ELEM[kv_dtype]
-    rows = []
-    for ctx in _sizes(context, "--context"):
-        prefill = cost_model.step_cost(
-            config,
-            cost_model.StepShape(
-                prefill=((0, ctx),), weight_bytes_per_param=wbytes, kv_bytes_per_elem=kvbytes, tp=tp
-            ),
-        )
-        ttft_s = cost_model.time_bound_s(prefill, bandwidth, peak_flops)
-        ridge = cost_model.ridge_batch(config, ctx, wbytes, kvbytes, bandwidth, peak_flops, tp)
-        for b in _sizes(batch, "--batch"):
-            cost = cost_model.decode_cost(config, b, ctx, wbytes, kvbytes, tp)
-            step_s = cost_model.time_bound_s(cost, bandwidth, peak_flops)
-            is_memory_bound = cost.bytes / bandwidth >= cost.flops / peak_flops
-            rows.append(
-                {
-                    "context": ctx,
-                    "batch": b,
-                    "decode_step_ms": step_s * 1e3,
-                    "bound": "memory" if is_memory_bound else "compute",
-                    "decode_tok_per_s": b / step_s,
-                    "tpot_ms_bound": step_s * 1e3,
-                    "ttft_ms_bound": ttft_s * 1e3,
-                    "arithmetic_intensity": cost.arithmetic_intensity,
-                    "bytes_per_step": cost.bytes,
-                    "flops_per_step": cost.flops,
-                    "kv_bytes_per_seq": ctx * config.kv_bytes_per_token(1) * kvbytes / tp,
-                    "ridge_batch": ridge,
-                }
-            )
+    rows = whatif_rows(
+        config,
+        bandwidth,
+        peak_flops,
+        _sizes(context, "--context"),
+        _sizes(batch, "--batch"),
+        BYTES_PER_ELEM[dtype],
+        _kv_bytes_per_elem(kv_dtype, config.head_dim),
+        tp,
+    )
     result = {
         "model": model,
         "hardware": hardware_label,
         "dtype": dtype,
         "kv_dtype": kv_dtype,
         "tp": tp,
+        "num_experts": config.num_experts,
+        "num_experts_per_tok": config.num_experts_per_tok,
         "peak_bytes_per_s": bandwidth,
         "peak_flops_per_s": peak_flops,
         "points": rows,
@@ -165,14 +178,25 @@ def roofline(
         f"{model} on {hardware_label} ({dtype} weights, {kv_dtype} KV, tp={tp}; "
         f"{bandwidth / 1e12:.3g} TB/s, {peak_flops / 1e12:.3g} TFLOP/s)"
     )
+    is_moe = bool(config.num_experts)
+    if is_moe:
+        click.echo(
+            f"{config.num_experts} experts per layer, top-{config.num_experts_per_tok}: a decode "
+            "step of B sequences reads E(1 - (1 - k/E)^B) of them per layer (experts), expected "
+            "under uniform routing"
+        )
+    experts = f"{'experts':>9}" if is_moe else ""
     click.echo(
         f"{'context':>8}{'batch':>7}{'step ms':>10}{'tok/s':>11}{'bound':>9}"
-        f"{'AI':>8}{'TTFT ms':>10}{'ridge':>7}"
+        f"{'AI':>8}{'GB/step':>9}{experts}{'TTFT ms':>10}{'ridge':>7}"
     )
     for r in rows:
+        touched = r["experts_touched_per_layer"]
+        experts = f"{touched:>9.2f}" if is_moe else ""
         click.echo(
             f"{r['context']:>8}{r['batch']:>7}{r['decode_step_ms']:>10.2f}"
             f"{r['decode_tok_per_s']:>11.0f}{r['bound']:>9}{r['arithmetic_intensity']:>8.1f}"
+            f"{r['bytes_per_step'] / 1e9:>9.3f}{experts}"
             f"{r['ttft_ms_bound']:>10.1f}{r['ridge_batch'] or '-':>7}"
         )
     if any(r["ridge_batch"] is None for r in rows):
@@ -182,6 +206,22 @@ def roofline(
         )
     if html_path is not None:
         click.echo(html_path)
+
+
+def _kv_bytes_per_elem(text: str, head_dim: int) -> float:
+    """--kv-dtype as bytes per K/V element: a storage name for both, or k=NAME,v=NAME."""
+    from llmbench.harness.cost_model import kv_bytes_per_elem
+
+    sides = {"k": text.strip(), "v": text.strip()}
+    if "=" in text:
+        pairs = [part.partition("=") for part in text.split(",")]
+        sides = {side.strip(): name.strip() for side, _, name in pairs}
+    if set(sides) != {"k", "v"} or any(n not in BYTES_PER_ELEM for n in sides.values()):
+        raise UserError(
+            f"roofline: --kv-dtype {text}: give a storage name or k=NAME,v=NAME, each one of "
+            f"{', '.join(sorted(BYTES_PER_ELEM))}"
+        )
+    return kv_bytes_per_elem(sides["k"], sides["v"], head_dim)
 
 
 def _peaks(hardware_name: str, flops_dtype: str) -> tuple[float, float, str]:

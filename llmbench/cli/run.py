@@ -33,12 +33,53 @@ from llmbench.errors import BackendFailure, UserError
     help="measure the workload N times on the same engine (warm-up once) and report the spread "
     "between repetitions (the spec's `repeat`, default 1)",
 )
-def run(workload: str, overrides: tuple[str, ...], out: Path | None, repeat: int | None) -> None:
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="exit 1 when more measured requests failed than the spec's max_failed_fraction "
+    "(default 0.05); without it such a run is flagged and exits 0",
+)
+@click.option(
+    "--client-cpus",
+    metavar="LIST",
+    default=None,
+    help="pin the client to these CPUs (as taskset -c takes them: 1, 2-3, 0,2-3); pin the "
+    "server to others",
+)
+@click.option(
+    "--shard",
+    metavar="I/N",
+    default=None,
+    help="run only shard I of N of the schedule (openai backend; a host each), then join the "
+    "shard folders with llmbench merge",
+)
+@click.option(
+    "--start-at",
+    type=float,
+    default=None,
+    metavar="UNIX_S",
+    help="with --shard: start the schedule at this wall-clock time (seconds since the epoch), "
+    "the same on every host",
+)
+def run(
+    workload: str,
+    overrides: tuple[str, ...],
+    out: Path | None,
+    repeat: int | None,
+    strict: bool,
+    client_cpus: str | None,
+    shard: str | None,
+    start_at: float | None,
+) -> None:
     """Benchmark WORKLOAD (a YAML file, or a shipped name: chat, rag, agentic).
 
     Prints a summary and, as the last line of stdout, the run folder. SIGINT, SIGTERM and SIGHUP
     stop the run with what it measured saved (exit 130, 143, 129); an engine crash too (one
-    line naming the error, exit 1)."""
+    line naming the error, exit 1). A run whose measured requests all failed exits 1 with the
+    most common error in one line, its results and reports written (with --strict, also one
+    that failed more than max_failed_fraction)."""
+    from llmbench.harness import client_load, shards
+    from llmbench.harness.failures import RunFailed
     from llmbench.harness.run import execute
     from llmbench.harness.run_signals import RunInterrupted
     from llmbench.harness.spec import load_spec
@@ -48,8 +89,16 @@ def run(workload: str, overrides: tuple[str, ...], out: Path | None, repeat: int
         raise UserError(f"--repeat {repeat}: must be >= 1")
     sets = [*overrides, *([f"repeat={repeat}"] if repeat is not None else [])]
     spec = load_spec(_workload_path(workload), sets)
+    own_shard = shards.from_options(shard, start_at, spec)
+    if client_cpus is not None:
+        client_load.pin(client_load.parse_cpu_list(client_cpus), client_cpus)
     try:
-        execute(spec, out, write_reports)
+        # A shard holds part of a run: the reports are the merged folder's (`llmbench merge`).
+        reports = write_reports if own_shard is None else lambda _: None
+        execute(spec, out, reports, is_strict=strict, shard=own_shard)
+    except RunFailed as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
     except RunInterrupted as e:
         click.echo(str(e), err=True)  # "interrupted by SIGTERM"
         sys.exit(e.exit_code)

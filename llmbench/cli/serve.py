@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from llmbench.cli.options import DEVICE, DTYPE
+from llmbench.cli.options import (
+    DEVICE,
+    DTYPE,
+    KV_CACHE_DTYPE_HELP,
+    QUANTIZE_HELP,
+    SPECULATIVE_HELP,
+    kv_cache_line,
+    speculative_line,
+    weights_line,
+)
 
 
 @click.command()
@@ -19,6 +28,9 @@ from llmbench.cli.options import DEVICE, DTYPE
 @click.option("--kv-cache-memory", default=None, type=float)
 @click.option("--max-num-seqs", default=64, show_default=True, type=int)
 @click.option("--no-prefix-caching", is_flag=True)
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help=KV_CACHE_DTYPE_HELP)
+@click.option("--speculative", default="none", show_default=True, help=SPECULATIVE_HELP)
+@click.option("--quantize", default="none", show_default=True, help=QUANTIZE_HELP)
 @click.option(
     "--served-model-name",
     default=None,
@@ -59,6 +71,9 @@ def serve(
     kv_cache_memory: float | None,
     max_num_seqs: int,
     no_prefix_caching: bool,
+    kv_cache_dtype: str,
+    speculative: str,
+    quantize: str,
     served_model_name: str | None,
     api_key: str | None,
     max_model_len: int | None,
@@ -68,6 +83,8 @@ def serve(
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions with tool calls,
     /v1/completions, /v1/models, /tokenize, /detokenize, /metrics, /health, /version)."""
     from llmbench.engine.engine import EngineConfig, LLMEngine
+    from llmbench.engine.kv_dtype import parse_kv_cache_dtype
+    from llmbench.engine.speculative import parse_speculative
     from llmbench.harness.serve import ServeConfig, run_server
 
     config = ServeConfig(
@@ -86,13 +103,16 @@ def serve(
             kv_cache_memory=kv_cache_memory,
             max_num_seqs=max_num_seqs,
             enable_prefix_caching=not no_prefix_caching,
+            kv_cache_dtype=parse_kv_cache_dtype(kv_cache_dtype),
+            speculative=parse_speculative(speculative),
+            quantize=quantize,
         )
     )
-    kv = engine.kv_cache
     click.echo(
         f"llmbench serve: {engine.source_description}, {dtype} on {engine.device}; "
-        f"kv cache {kv.num_blocks} blocks x {kv.block_size} tokens "
-        f"({kv.num_bytes / 2**20:.0f} MiB); serving it as '{config.served_model_name}'"
+        f"{weights_line(engine)}; {kv_cache_line(engine.kv_cache)}; "
+        f"serving it as '{config.served_model_name}'"
+        + (f"; {speculative_line(engine)}" if speculative_line(engine) else "")
         + ("; API key required" if config.api_key else ""),
         err=True,
     )

@@ -1,5 +1,5 @@
 """What a checkpoint holds: tensors described before loading, the source protocol, and the
-tensors a Llama-family config needs, checked by name and shape.
+tensors a Llama-family config needs (dense or mixture-of-experts), checked by name and shape.
 
 A source describes its tensors without loading them (so `llmbench inspect synthetic:llama-3.1-70b`
 needs no 140 GB of memory), and loads them on demand as HF-named tensors in the engine's dtype:
@@ -57,13 +57,36 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
             shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
         shapes[p + "self_attn.o_proj.weight"] = (h, config.q_size)
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "mlp.gate_proj.weight"] = (i, h)
-        shapes[p + "mlp.up_proj.weight"] = (i, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, i)
+        if config.is_moe:
+            shapes.update(_moe_tensors(config, p + "mlp."))
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = (i, h)
+            shapes[p + "mlp.up_proj.weight"] = (i, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, i)
     shapes["model.norm.weight"] = (h,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, h)
+    return shapes
+
+
+def _moe_tensors(config: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """One MoE layer's tensors (Qwen-MoE names; Mixtral's are renamed to these on load)."""
+    h, moe_i = config.hidden_size, config.moe_intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {prefix + "gate.weight": (config.num_experts, h)}
+    for e in range(config.num_experts):
+        shapes[f"{prefix}experts.{e}.gate_proj.weight"] = (moe_i, h)
+        shapes[f"{prefix}experts.{e}.up_proj.weight"] = (moe_i, h)
+        shapes[f"{prefix}experts.{e}.down_proj.weight"] = (h, moe_i)
+    shared_i = config.shared_expert_intermediate_size
+    if shared_i:
+        shapes[prefix + "shared_expert.gate_proj.weight"] = (shared_i, h)
+        shapes[prefix + "shared_expert.up_proj.weight"] = (shared_i, h)
+        shapes[prefix + "shared_expert.down_proj.weight"] = (h, shared_i)
+        shapes[prefix + "shared_expert_gate.weight"] = (1, h)
     return shapes
 
 

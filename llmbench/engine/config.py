@@ -39,6 +39,17 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Qwen2 puts a bias on q/k/v (not on o_proj); Llama has none.
     qkv_bias: bool = False
+    # Mixture of experts: every layer's MLP is `num_experts` SwiGLU experts of width
+    # `moe_intermediate_size`, each token runs the top `num_experts_per_tok` of them (and a
+    # shared expert when `shared_expert_intermediate_size` > 0). 0 experts: a dense SwiGLU MLP
+    # of `intermediate_size` per layer (which an MoE model does not use).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # each expert's SwiGLU width
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert (Qwen2-MoE has one, gated)
+    router_scoring: str = "softmax"  # softmax | sigmoid over the router logits
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    qk_norm: bool = False  # RMSNorm on q and k per head, before RoPE (Qwen3)
 
     def __post_init__(self) -> None:
         for name in (
@@ -58,6 +69,30 @@ class ModelConfig:
                 f"model config: num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
+        if self.num_experts < 0:
+            raise UserError(f"model config: num_experts must be >= 0, got {self.num_experts}")
+        if self.is_moe:
+            if not 0 < self.num_experts_per_tok <= self.num_experts:
+                raise UserError(
+                    f"model config: num_experts_per_tok must be in 1..{self.num_experts}, "
+                    f"got {self.num_experts_per_tok}"
+                )
+            if self.moe_intermediate_size <= 0 or self.shared_expert_intermediate_size < 0:
+                raise UserError(
+                    "model config: an MoE model needs moe_intermediate_size > 0 and "
+                    "shared_expert_intermediate_size >= 0"
+                )
+            if self.router_scoring not in ("softmax", "sigmoid"):
+                raise UserError(
+                    f"model config: router_scoring must be softmax or sigmoid, "
+                    f"got {self.router_scoring!r}"
+                )
+        elif self.num_experts_per_tok or self.moe_intermediate_size:
+            raise UserError(
+                "model config: num_experts_per_tok / moe_intermediate_size need num_experts > 0"
+            )
+        elif self.shared_expert_intermediate_size:
+            raise UserError("model config: a shared expert needs num_experts > 0")
 
     @property
     def q_size(self) -> int:
@@ -67,13 +102,40 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def is_moe(self) -> bool:
+        """True when every layer's MLP is a routed mixture of experts."""
+        return self.num_experts > 0
+
     def num_params(self) -> int:
-        """Parameter count, napkin maths: embeddings + per-layer attention/MLP/norms + lm_head."""
+        """Parameter count, napkin maths: embeddings + per-layer attention/MLP/norms + lm_head.
+
+        An MoE layer counts its router, every expert and the shared expert (what must be stored).
+        """
+        return self._count_params(self.num_experts)
+
+    def num_active_params(self) -> int:
+        """Parameters one token runs through: as `num_params`, with only its top-k experts.
+
+        Equal to `num_params()` for a dense model.
+        """
+        return self._count_params(self.num_experts_per_tok)
+
+    def _count_params(self, num_experts_counted: int) -> int:
         h, i = self.hidden_size, self.intermediate_size
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         if self.qkv_bias:
             attn += self.q_size + 2 * self.kv_size
-        mlp = 3 * h * i  # gate_proj, up_proj, down_proj
+        if self.qk_norm:
+            attn += 2 * self.head_dim  # q_norm, k_norm: one [head_dim] weight each
+        if self.is_moe:
+            mlp = h * self.num_experts  # router: [E, h]
+            mlp += num_experts_counted * 3 * h * self.moe_intermediate_size
+            if self.shared_expert_intermediate_size:
+                # The shared expert's gate/up/down, and its sigmoid gate [1, h].
+                mlp += 3 * h * self.shared_expert_intermediate_size + h
+        else:
+            mlp = 3 * h * i  # gate_proj, up_proj, down_proj
         per_layer = attn + mlp + 2 * h  # + input and post-attention RMSNorm weights
         embed = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
@@ -91,11 +153,17 @@ def _int(raw: dict, key: str, source: str) -> int:
     return value
 
 
+_DENSE_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+_MOE_ARCHITECTURES = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"}
+
+
 def config_from_hf(raw: dict, source: str) -> ModelConfig:
-    """Build a ModelConfig from an HF `config.json` dict (Llama, Mistral, Qwen2 families)."""
-    supported = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+    """Build a ModelConfig from an HF `config.json` dict (Llama, Mistral, Qwen2 families and
+    the Mixtral, Qwen2-MoE, Qwen3-MoE mixtures of experts)."""
+    supported = _DENSE_ARCHITECTURES | _MOE_ARCHITECTURES
     architectures = raw.get("architectures") or []
-    if not any(a in supported for a in architectures):
+    arch = next((a for a in architectures if a in supported), None)
+    if arch is None:
         raise UserError(
             f"{source}: unsupported architecture {architectures or raw.get('model_type')!r}; "
             f"llmbench runs Llama-family decoders ({', '.join(sorted(supported))})"
@@ -130,5 +198,44 @@ def config_from_hf(raw: dict, source: str) -> ModelConfig:
         rope_scaling=scaling,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        qkv_bias="Qwen2ForCausalLM" in architectures,
+        qkv_bias=arch == "Qwen2ForCausalLM"
+        or (arch == "Qwen2MoeForCausalLM" and bool(raw.get("qkv_bias", True))),
+        **(_moe_fields(raw, arch, source) if arch in _MOE_ARCHITECTURES else {}),
+    )
+
+
+def _moe_fields(raw: dict, arch: str, source: str) -> dict:
+    """The MoE part of an HF config: experts, top-k, widths, routing, Qwen3's q/k norm.
+
+    Mixtral always renormalises its top-k weights; the Qwen families say so in
+    `norm_topk_prob` (absent: False, as in transformers).
+    """
+    if raw.get("use_sliding_window"):
+        raise UserError(f"{source}: sliding-window attention is not supported")
+    num_experts = raw.get("num_experts", raw.get("num_local_experts"))
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts <= 0:
+        raise UserError(f"{source}: 'num_experts' must be a positive integer, got {num_experts!r}")
+    top_k = _int(raw, "num_experts_per_tok", source)
+    if arch == "MixtralForCausalLM":
+        return dict(
+            num_experts=num_experts,
+            num_experts_per_tok=top_k,
+            moe_intermediate_size=_int(raw, "intermediate_size", source),
+            norm_topk_prob=True,
+        )
+    # Qwen2-MoE / Qwen3-MoE can interleave dense layers; llmbench runs all-MoE stacks.
+    if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1:
+        raise UserError(
+            f"{source}: dense layers between MoE layers (mlp_only_layers / decoder_sparse_step "
+            f"!= 1) are not supported"
+        )
+    shared = raw.get("shared_expert_intermediate_size", 0) if arch == "Qwen2MoeForCausalLM" else 0
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=_int(raw, "moe_intermediate_size", source),
+        shared_expert_intermediate_size=shared,
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        # `qk_norm` is llmbench's own key (a pruned tiny-moe: a shared expert and q/k norm).
+        qk_norm=bool(raw.get("qk_norm", arch == "Qwen3MoeForCausalLM")),
     )

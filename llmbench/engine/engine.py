@@ -5,6 +5,9 @@ tokens, checks stops, and returns a `RequestOutput` per request that advanced, s
 `perf_counter_ns()` once the tokens are on the host. A `StepRecord` per step goes to `on_step`
 (when set: a run writes every one to disk) and into `step_records`, a window of the most recent
 `STEP_RECORD_WINDOW` steps, so a server that runs for days keeps a bounded memory.
+With speculative decoding on, a proposer first drafts up to k tokens for every decoding
+sequence, and the same forward pass verifies them (`verification`): a step may then append
+several tokens to a request, and never one past a stop.
 """
 
 from __future__ import annotations
@@ -21,14 +24,20 @@ import torch
 
 from llmbench.engine.checkpoint import check_tensors
 from llmbench.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from llmbench.engine.kv_cache import BlockManager, blocks_for
+from llmbench.engine.expert_offload import ExpertOffloadConfig, offload_experts
+from llmbench.engine.expert_stats import ExpertStats
+from llmbench.engine.kv_cache import BlockManager, blocks_for, blocks_in_budget
+from llmbench.engine.kv_dtype import KVCacheDtype, bytes_per_token
 from llmbench.engine.model import LlamaModel
+from llmbench.engine.moe import mean_load_max_over_mean
 from llmbench.engine.paged_attention import KVCache
+from llmbench.engine.quant.scheme import parse_quantize
 from llmbench.engine.records import RequestOutput, StepRecord
 from llmbench.engine.runner import ModelRunner
 from llmbench.engine.sampling import SamplingParams, check_stop, make_generator
 from llmbench.engine.scheduler import Scheduler, SchedulerConfig
 from llmbench.engine.sequence import Sequence
+from llmbench.engine.speculative import SpeculativeConfig, make_proposer
 from llmbench.engine.weights import open_weights
 from llmbench.errors import UserError
 
@@ -51,6 +60,17 @@ class EngineConfig:
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # CPU threads; None keeps torch's default
+    # K/V cache storage, keys and values apart: auto (the model's dtype), a float dtype, int8
+    # or int4 (a float16 scale per token and KV head); the cache holds as many more tokens.
+    kv_cache_dtype: KVCacheDtype = KVCacheDtype()
+    # Speculative decoding: off, n-gram prompt lookup, or a draft model (k tokens a step).
+    speculative: SpeculativeConfig = SpeculativeConfig()
+    # Weight-only quantization of every linear layer, done at load: None (the model's dtype),
+    # int8 or int4[:group][:sym] (`quant.scheme`); embeddings and norms stay in `dtype`.
+    quantize: str | None = None
+    # MoE: N experts per layer resident, the others fetched over a host link (simulated by
+    # bandwidth, or real copies on CUDA) through an LRU; None: every expert resident.
+    moe_offload: ExpertOffloadConfig | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -59,6 +79,7 @@ class EngineConfig:
             raise UserError("engine: max_num_batched_tokens and max_num_seqs must be > 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"engine: device must be auto, cpu or cuda, got '{self.device}'")
+        parse_quantize(self.quantize)  # a bad name is a one-line error before any loading
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -92,8 +113,15 @@ class LLMEngine:
         t0 = time.perf_counter_ns()
         weights = source.load(self.dtype, self.device)
         check_tensors(weights, self.model_config, source.description)
-        self.model = LlamaModel(self.model_config, weights)
+        self.quantize = parse_quantize(config.quantize)
+        self.model = LlamaModel(self.model_config, weights, self.quantize)
         del weights
+        # Offloaded experts and their link traffic (None: every expert resident).
+        self.expert_offload = (
+            offload_experts(self.model, config.moe_offload, self.device)
+            if config.moe_offload is not None
+            else None
+        )
         self.load_ms = (time.perf_counter_ns() - t0) / 1e6
         self.kv_cache = KVCache(
             self.model_config.num_layers,
@@ -103,6 +131,7 @@ class LLMEngine:
             self.model_config.head_dim,
             self.dtype,
             self.device,
+            config.kv_cache_dtype,
         )
         self.blocks = BlockManager(
             self.kv_cache.num_blocks, config.block_size, config.enable_prefix_caching
@@ -111,8 +140,27 @@ class LLMEngine:
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs), self.blocks
         )
         self.runner = ModelRunner(self.model, self.kv_cache)
+        # Guesses k tokens ahead before each step (None: speculation off).
+        self.proposer = make_proposer(
+            config.speculative,
+            self.model,
+            self.tokenizer,
+            config.model,
+            self.kv_cache,
+            self.blocks,
+            config.max_num_batched_tokens,
+        )
+        # The draft model's shape, for the cost model (None: no draft model runs).
+        self.draft_model_config = getattr(self.proposer, "model_config", None)
         self.step_records: collections.deque[StepRecord] = collections.deque(
             maxlen=STEP_RECORD_WINDOW
+        )
+        # What the MoE routers chose, per phase, layer and expert (None for a dense model).
+        mc = self.model_config
+        self.expert_stats = (
+            ExpertStats(mc.num_layers, mc.num_experts, mc.num_experts_per_tok, self.device)
+            if mc.is_moe
+            else None
         )
         # Called with every StepRecord, on the thread that steps (None: nobody listens).
         self.on_step: Callable[[StepRecord], None] | None = None
@@ -127,7 +175,11 @@ class LLMEngine:
 
     def _num_kv_blocks(self) -> int:
         cfg = self.config
-        bytes_per_block = self.model_config.kv_bytes_per_token(self.dtype.itemsize) * cfg.block_size
+        mc = self.model_config
+        token_bytes = bytes_per_token(
+            mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.kv_cache_dtype, self.dtype.itemsize
+        )
+        bytes_per_block = token_bytes * cfg.block_size
         budget = cfg.kv_cache_memory
         if budget is None:
             if self.device.type == "cuda":
@@ -141,7 +193,7 @@ class LLMEngine:
         max_useful = cfg.max_num_seqs * blocks_for(
             self.model_config.max_position_embeddings, cfg.block_size
         )
-        num_blocks = min(int(budget // bytes_per_block), max_useful)
+        num_blocks = min(blocks_in_budget(budget, token_bytes, cfg.block_size), max_useful)
         if num_blocks < 1:
             raise UserError(
                 f"engine: kv_cache_memory {budget:.0f} bytes holds no block of "
@@ -232,6 +284,10 @@ class LLMEngine:
         """Run one batch; returns the outputs of every request that advanced or was aborted."""
         outputs = self._take_inbox()
         t_start = time.perf_counter_ns()
+        if self.expert_offload is not None:
+            self.expert_offload.take_step()  # what `score` fetched between steps is no step's
+        drafted = self._propose()
+        draft_ns = time.perf_counter_ns() - t_start if self.proposer is not None else 0
         plan = self.scheduler.schedule()
         self.num_prompt_tokens_admitted += plan.num_prompt_tokens_admitted
         self.num_cached_tokens_admitted += plan.num_cached_tokens
@@ -242,57 +298,117 @@ class LLMEngine:
             for item in plan.scheduled
             if item.seq.num_computed_tokens < item.seq.num_prompt_tokens
         )
-        tokens = iter(self.runner.execute(plan.scheduled))
+        # What each sequence's queries attended, drafts included (read before counters move).
+        context_lens = tuple(
+            item.seq.num_computed_tokens + item.num_new_tokens for item in plan.scheduled
+        )
+        new_tokens = iter(self.runner.execute(plan.scheduled))
         t_end = time.perf_counter_ns()  # tokens are on the host: the step is done
-        num_decode_seqs = 0
+        routing = self.model.last_routing  # per MoE layer (empty for a dense model)
+        link_bytes, link_s = (
+            self.expert_offload.take_step() if self.expert_offload is not None else (0, 0.0)
+        )
+        if self.expert_stats is not None:
+            self.expert_stats.add_step(
+                routing,
+                [it.num_new_tokens for it in plan.scheduled],
+                [it.seq.num_computed_tokens < it.seq.num_prompt_tokens for it in plan.scheduled],
+            )
+        num_decode_seqs = num_verify_seqs = num_proposed = num_accepted = 0
         for item in plan.scheduled:
             seq = item.seq
-            num_decode_seqs += (
-                item.num_new_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
-            )
+            num_drafts = len(item.spec_token_ids)
+            num_known = item.num_new_tokens - num_drafts  # the sequence's own tokens run
+            num_decode_seqs += num_known == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
             if not seq.first_scheduled_ns:
                 seq.first_scheduled_ns = t_start
             needs_token = item.needs_logits  # read before the counter moves
-            seq.num_computed_tokens += item.num_new_tokens
-            self.blocks.cache_full_blocks(
-                seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.prefix_ids
-            )
-            if needs_token:
-                outputs.append(self._append_token(seq, next(tokens), t_end))
+            seq.num_computed_tokens += num_known
+            if not needs_token:
+                self.blocks.cache_full_blocks(
+                    seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.prefix_ids
+                )
+                continue
+            tokens = next(new_tokens)
+            if num_drafts:
+                num_verify_seqs += 1
+                num_proposed += num_drafts
+                num_accepted += len(tokens) - 1
+                seq.num_proposed_tokens += num_drafts
+                seq.num_accepted_tokens += len(tokens) - 1
+            outputs.append(self._append_tokens(seq, tokens, t_end))
+        for seq in drafted:
+            seq.spec_token_ids, seq.spec_probs = [], None
+            # Slots of rejected (or never verified) drafts lie past the computed count already;
+            # give back the blocks that only they used.
+            self.blocks.free_tail(seq.block_table, seq.num_tokens)
         record = StepRecord(
             t_start_ns=t_start,
             t_end_ns=t_end,
             num_prefill_tokens=num_prefill_tokens,
             num_decode_seqs=num_decode_seqs,
-            context_lens=tuple(item.seq.num_computed_tokens for item in plan.scheduled),
+            context_lens=context_lens,
             query_lens=tuple(item.num_new_tokens for item in plan.scheduled),
             num_cached_tokens=plan.num_cached_tokens,
             num_blocks_used=self.blocks.num_used_blocks,
             num_blocks_total=self.blocks.num_blocks,
             num_preempted=plan.num_preempted,
             num_waiting=len(self.scheduler.waiting),
+            num_proposed_tokens=num_proposed,
+            num_accepted_tokens=num_accepted,
+            num_verify_seqs=num_verify_seqs,
+            draft_ns=draft_ns,
+            draft_passes=self.proposer.draft_passes if drafted else (),
+            experts_touched=tuple(r.num_experts_touched for r in routing),
+            expert_load_max_over_mean=mean_load_max_over_mean(routing),
+            link_bytes=link_bytes,
+            link_s_simulated=link_s,
         )
         self.step_records.append(record)
         if self.on_step is not None:
             self.on_step(record)
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, t_ns: int) -> RequestOutput:
-        seq.token_ids.append(token)
-        reason = check_stop(token, seq.num_output_tokens, seq.params, self.tokenizer.eos_token_ids)
-        text, hit_stop_string = "", False
-        if reason != "stop":  # an EOS or stop token is not part of the text
-            text, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.push(token))
-        if hit_stop_string:
-            reason = "stop"
-        elif reason is not None:  # release the text held back for a possible stop string
-            tail, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.flush())
-            text += tail if hit_stop_string else tail + seq.stop_matcher.flush()
+    def _propose(self) -> list[Sequence]:
+        """Draft tokens for every running sequence with one token left (speculation on);
+        returns those sequences."""
+        if self.proposer is None:
+            return []
+        running = self.scheduler.running
+        seqs = [s for s in running if s.num_tokens - s.num_computed_tokens == 1]
+        self.proposer.propose(seqs, running)
+        return seqs
+
+    def _append_tokens(self, seq: Sequence, tokens: list[int], t_ns: int) -> RequestOutput:
+        """Append a step's new tokens in order, checking stops after each: none past a stop is
+        emitted. All but the last were computed this step (accepted drafts), so the computed
+        count moves past them, and full blocks join the prefix cache before any finish."""
+        emitted, text, reason = [], "", None
+        for token in tokens:
+            seq.token_ids.append(token)
+            emitted.append(token)
+            eos_ids = self.tokenizer.eos_token_ids
+            reason = check_stop(token, seq.num_output_tokens, seq.params, eos_ids)
+            hit_stop_string = False
+            if reason != "stop":  # an EOS or stop token is not part of the text
+                piece, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.push(token))
+                text += piece
+            if hit_stop_string:
+                reason = "stop"
+            elif reason is not None:  # release the text held back for a possible stop string
+                tail, hit_stop_string = seq.stop_matcher.push(seq.detokenizer.flush())
+                text += tail if hit_stop_string else tail + seq.stop_matcher.flush()
+            if reason is not None:
+                break
+        seq.num_computed_tokens += min(len(emitted), len(tokens) - 1)
+        self.blocks.cache_full_blocks(
+            seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.prefix_ids
+        )
         if reason is not None:
             seq.finish_reason = reason
             self.scheduler.finish(seq)
             del self._sequences[seq.request_id]
-        return self._output(seq, (token,), text, t_ns)
+        return self._output(seq, tuple(emitted), text, t_ns)
 
     def _output(
         self, seq: Sequence, token_ids: tuple[int, ...], text: str, t_ns: int
@@ -307,6 +423,8 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
             first_scheduled_ns=seq.first_scheduled_ns,
+            num_proposed_tokens=seq.num_proposed_tokens,
+            num_accepted_tokens=seq.num_accepted_tokens,
         )
 
     # -- convenience ----------------------------------------------------------------------
@@ -336,3 +454,27 @@ class LLMEngine:
             for out in self.step():
                 tokens[out.request_id] += out.new_token_ids
         return [tokens[i] for i in ids]
+
+    def score(self, token_ids: Seq[int]) -> torch.Tensor:
+        """Logits [T, V] (float32) of every position of token_ids, row i predicting token
+        i + 1, from the engine's own forward pass through its paged cache (in prefill chunks
+        of max_num_batched_tokens). Blocks are taken from the free ones and given back; call
+        it between requests, from the thread that steps."""
+        token_ids = list(token_ids)
+        if not token_ids or len(token_ids) > self.model_config.max_position_embeddings:
+            raise UserError(
+                f"score: {len(token_ids)} tokens; give 1 to "
+                f"{self.model_config.max_position_embeddings} (the model's context window)"
+            )
+        table: list[int] = []
+        if not self.blocks.can_allocate(table, len(token_ids)):
+            raise UserError(
+                f"score: {len(token_ids)} tokens need "
+                f"{blocks_for(len(token_ids), self.config.block_size)} KV blocks, "
+                f"{self.blocks.num_free_blocks} are free; raise kv_cache_memory"
+            )
+        self.blocks.allocate(table, len(token_ids))
+        try:
+            return self.runner.score(token_ids, table, self.config.max_num_batched_tokens)
+        finally:
+            self.blocks.free(table)

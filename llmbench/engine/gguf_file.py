@@ -7,6 +7,10 @@ package and hands back HF-named tensors. Two llama.cpp conventions are undone on
 - GGUF lists dimensions innermost first (`[in, out]`); PyTorch shapes are `[out, in]`.
 - llama.cpp's converter reorders the rows of each Llama Q/K head for its interleaved RoPE
   (`_unpermute_rows` puts them back in HF order). Qwen2 uses NeoX RoPE and is stored unpermuted.
+
+Mixtures of experts (Mixtral, stored as "llama" with an expert count; qwen2moe; qwen3moe) keep
+each layer's experts stacked in one tensor per projection ([E, out, in]); they come back one
+HF-named tensor per expert (`mlp.experts.{e}.gate_proj.weight`, ...).
 """
 
 from __future__ import annotations
@@ -27,8 +31,21 @@ if TYPE_CHECKING:  # torch is the engine extra: describing a model needs none
     import torch
 
 # general.architecture -> (Q/K rows permuted by llama.cpp, q/k/v carry a bias).
-# Mistral-7B-style models are stored as "llama" by llama.cpp.
-_ARCHITECTURES = {"llama": (True, False), "qwen2": (False, True)}
+# Mistral-7B-style models and Mixtral are stored as "llama" by llama.cpp.
+_ARCHITECTURES = {
+    "llama": (True, False),
+    "qwen2": (False, True),
+    "qwen2moe": (False, True),
+    "qwen3moe": (False, False),
+}
+# Whether llama.cpp renormalises an architecture's top-k expert weights when the file does not
+# say (`{arch}.expert_weights_norm`): Mixtral and Qwen3-MoE do, Qwen2-MoE does not.
+_NORM_TOPK_DEFAULT = {"llama": True, "qwen2moe": False, "qwen3moe": True}
+# `{arch}.expert_gating_func` values.
+_GATING = {
+    int(gguf.ExpertGatingFuncType.SOFTMAX): "softmax",
+    int(gguf.ExpertGatingFuncType.SIGMOID): "sigmoid",
+}
 
 # Storage types `gguf.quants.dequantize` turns into float32 for us (numpy reference code). The
 # package knows more (i-quants, ternary, MXFP4); they stay refused until a test covers them.
@@ -64,7 +81,7 @@ class _PlainArrayReader(gguf.GGUFReader):
 
 
 class GGUFSource:
-    """A Llama or Qwen2 model in one GGUF file (any of the common llama.cpp quant types)."""
+    """A Llama, Qwen2, Mixtral or Qwen-MoE model in one GGUF file (common llama.cpp quants)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -73,7 +90,7 @@ class GGUFSource:
         if arch not in _ARCHITECTURES:
             raise UserError(
                 f"{path}: unsupported architecture {arch!r}: llmbench runs "
-                f"{' and '.join(sorted(_ARCHITECTURES))} GGUF files"
+                f"{', '.join(sorted(_ARCHITECTURES))} GGUF files"
             )
         self._arch = arch
         self._is_qk_permuted, qkv_bias = _ARCHITECTURES[arch]
@@ -144,7 +161,9 @@ class GGUFSource:
         vocab_size = self._int(f"{a}.vocab_size", default=len(tokens.data) if tokens else 0)
         num_layers = self._int(f"{a}.block_count")
         num_kv_heads = self._int(f"{a}.attention.head_count_kv", default=num_heads)
-        intermediate = self._int(f"{a}.feed_forward_length")
+        intermediate = self._int(f"{a}.feed_forward_length", default=0) or self._int(
+            f"{a}.expert_feed_forward_length"
+        )
         context = self._int(f"{a}.context_length")
         rope_theta = self._float(f"{a}.rope.freq_base", 10000.0)
         rope_scaling = self._rope_scaling(head_dim, rope_theta)
@@ -164,9 +183,37 @@ class GGUFSource:
                 rms_norm_eps=rms_norm_eps,
                 tie_word_embeddings="output.weight" not in self._tensors,
                 qkv_bias=qkv_bias,
+                **self._moe_fields(intermediate),
             )
         except UserError as e:  # ModelConfig's own checks, e.g. a head count of 0
             raise UserError(f"{self.path}: {e}: {_RECONVERT}") from None
+
+    def _moe_fields(self, intermediate: int) -> dict:
+        """Experts, top-k, widths and routing from the `{arch}.expert_*` metadata; q/k norm."""
+        a = self._arch
+        num_experts = self._int(f"{a}.expert_count", default=0)
+        if not num_experts:
+            return {"qk_norm": a == "qwen3moe"}
+        gating = self._int(f"{a}.expert_gating_func", default=1)
+        if gating not in _GATING:
+            raise UserError(
+                f"{self.path}: expert gating function {gating} is not supported (softmax, sigmoid)"
+            )
+        norm = self._optional(f"{a}.expert_weights_norm")
+        return dict(
+            num_experts=num_experts,
+            num_experts_per_tok=self._int(f"{a}.expert_used_count"),
+            # Mixtral's converter writes the experts' width as feed_forward_length.
+            moe_intermediate_size=self._int(
+                f"{a}.expert_feed_forward_length", default=intermediate
+            ),
+            shared_expert_intermediate_size=self._int(
+                f"{a}.expert_shared_feed_forward_length", default=0
+            ),
+            router_scoring=_GATING[gating],
+            norm_topk_prob=_NORM_TOPK_DEFAULT.get(a, True) if norm is None else bool(norm),
+            qk_norm=a == "qwen3moe",
+        )
 
     def _rope_scaling(self, head_dim: int, rope_theta: float) -> RopeScaling | None:
         """Llama-3 RoPE scaling, which llama.cpp stores as per-frequency factors.
@@ -226,12 +273,12 @@ class GGUFSource:
                 continue
             if name not in self._plan:
                 raise UserError(
-                    f"{self.path}: unexpected tensor '{name}': llmbench runs dense "
-                    f"{self._arch} layers only"
+                    f"{self.path}: unexpected tensor '{name}': the metadata describes no such "
+                    f"part of a {self._arch} model: {_RECONVERT}"
                 )
             shape = _torch_shape(tensor)
             expected = self._plan[name][1]
-            if shape != expected:
+            if _squeeze(shape) != _squeeze(expected):  # [1, h] and [h] hold the same
                 raise UserError(
                     f"{self.path}: tensor '{name}' has shape {list(shape)}, the metadata implies "
                     f"{list(expected)}: {_RECONVERT}"
@@ -270,7 +317,12 @@ class GGUFSource:
                 x = _unpermute_rows(x, cfg.num_heads)
             elif self._is_qk_permuted and ".attn_k." in gguf_name:
                 x = _unpermute_rows(x, cfg.num_kv_heads)
-            weights[hf_name] = x.to(device=device, dtype=dtype)
+            if "{e}" in hf_name:  # stacked experts [E, out, in]: one tensor per expert
+                x = x.to(device=device, dtype=dtype)
+                for e in range(x.shape[0]):
+                    weights[hf_name.format(e=e)] = x[e]
+            else:
+                weights[hf_name] = x.to(device=device, dtype=dtype)
         return weights
 
     def _dequantize(self, tensor: gguf.ReaderTensor) -> np.ndarray:
@@ -338,10 +390,16 @@ def _tensor_plan(config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
         "attn_v.weight": ("self_attn.v_proj.weight", (kv, h)),
         "attn_output.weight": ("self_attn.o_proj.weight", (h, q)),
         "ffn_norm.weight": ("post_attention_layernorm.weight", (h,)),
-        "ffn_gate.weight": ("mlp.gate_proj.weight", (i, h)),
-        "ffn_up.weight": ("mlp.up_proj.weight", (i, h)),
-        "ffn_down.weight": ("mlp.down_proj.weight", (h, i)),
     }
+    if config.is_moe:
+        layer.update(_moe_tensor_plan(config))
+    else:
+        layer["ffn_gate.weight"] = ("mlp.gate_proj.weight", (i, h))
+        layer["ffn_up.weight"] = ("mlp.up_proj.weight", (i, h))
+        layer["ffn_down.weight"] = ("mlp.down_proj.weight", (h, i))
+    if config.qk_norm:
+        layer["attn_q_norm.weight"] = ("self_attn.q_norm.weight", (config.head_dim,))
+        layer["attn_k_norm.weight"] = ("self_attn.k_norm.weight", (config.head_dim,))
     if config.qkv_bias:
         layer["attn_q.bias"] = ("self_attn.q_proj.bias", (q,))
         layer["attn_k.bias"] = ("self_attn.k_proj.bias", (kv,))
@@ -350,6 +408,28 @@ def _tensor_plan(config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
         for gguf_name, (hf_name, shape) in layer.items():
             plan[f"blk.{n}.{gguf_name}"] = (f"model.layers.{n}.{hf_name}", shape)
     return plan
+
+
+def _moe_tensor_plan(config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """One MoE layer's GGUF tensors; `{e}` in an HF name marks a stack of E experts."""
+    h, moe_i, num_experts = config.hidden_size, config.moe_intermediate_size, config.num_experts
+    plan = {
+        "ffn_gate_inp.weight": ("mlp.gate.weight", (num_experts, h)),
+        "ffn_gate_exps.weight": ("mlp.experts.{e}.gate_proj.weight", (num_experts, moe_i, h)),
+        "ffn_up_exps.weight": ("mlp.experts.{e}.up_proj.weight", (num_experts, moe_i, h)),
+        "ffn_down_exps.weight": ("mlp.experts.{e}.down_proj.weight", (num_experts, h, moe_i)),
+    }
+    shared_i = config.shared_expert_intermediate_size
+    if shared_i:
+        plan["ffn_gate_inp_shexp.weight"] = ("mlp.shared_expert_gate.weight", (1, h))
+        plan["ffn_gate_shexp.weight"] = ("mlp.shared_expert.gate_proj.weight", (shared_i, h))
+        plan["ffn_up_shexp.weight"] = ("mlp.shared_expert.up_proj.weight", (shared_i, h))
+        plan["ffn_down_shexp.weight"] = ("mlp.shared_expert.down_proj.weight", (h, shared_i))
+    return plan
+
+
+def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def _unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:

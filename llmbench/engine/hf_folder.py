@@ -16,6 +16,24 @@ from llmbench.errors import UserError
 if TYPE_CHECKING:  # torch is the engine extra: describing a model needs none
     import torch
 
+# Mixtral's MoE tensor names -> the Qwen-MoE names the engine uses (w1 gate, w3 up, w2 down).
+_MIXTRAL_NAMES = {
+    ".block_sparse_moe.": ".mlp.",
+    ".w1.weight": ".gate_proj.weight",
+    ".w3.weight": ".up_proj.weight",
+    ".w2.weight": ".down_proj.weight",
+}
+
+
+def canonical_name(name: str) -> str:
+    """A checkpoint tensor's name as the engine knows it: Mixtral's MoE names become Qwen's."""
+    if ".block_sparse_moe." not in name:
+        return name
+    for old, new in _MIXTRAL_NAMES.items():
+        name = name.replace(old, new)
+    return name
+
+
 _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I8": 1, "U8": 1}
 
 
@@ -76,7 +94,8 @@ class HFFolderSource:
                     if "rotary_emb.inv_freq" in name:
                         continue  # derived from the config, some old checkpoints store it
                     try:
-                        tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                        tensor = f.get_tensor(name).to(device=device, dtype=dtype)
+                        tensors[canonical_name(name)] = tensor
                     except (SafetensorError, RuntimeError) as e:
                         raise UserError(f"{shard}: tensor '{name}' unreadable ({e})") from None
         return tensors

@@ -28,6 +28,16 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def blocks_in_budget(budget_bytes: float, bytes_per_token: int, block_size: int) -> int:
+    """Whole blocks a KV cache of budget_bytes holds, at the cache's real bytes per token (K
+    and V of every layer, scales included): a cache half the bytes per token holds twice the
+    tokens.
+
+    Formula: floor(budget_bytes / (bytes_per_token · block_size)).
+    """
+    return int(budget_bytes // (bytes_per_token * block_size))
+
+
 @dataclass(frozen=True)
 class PrefixMatch:
     """Leading full blocks of a token sequence that are already in the cache."""
@@ -170,3 +180,11 @@ class BlockManager:
                 else:
                     self._free.append(block)
         block_table.clear()
+
+    def free_tail(self, block_table: list[int], num_tokens: int) -> None:
+        """Release the blocks past the ones num_tokens need (in place): what a rejected
+        speculation wrote there holds no verified token, so none of them is in the prefix cache."""
+        keep = blocks_for(num_tokens, self.block_size)
+        tail = block_table[keep:]
+        del block_table[keep:]
+        self.free(tail)

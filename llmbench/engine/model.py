@@ -13,21 +13,31 @@ has 30 layers):
   pairs, so RoPE is one in-place complex multiply (q·k is unchanged by a permutation applied to
   both, and V and the output are untouched);
 - every matrix multiply goes through `Linear`, which keeps the weight in the layout MKL streams
-  fastest and adds the residual inside the same `addmm` call.
+  fastest and adds the residual inside the same `addmm` call (or, with `quantize`, through a
+  quantised layer of `quant.linear`: `make_linear` picks).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from llmbench.engine import kernel_ops
 from llmbench.engine.config import ModelConfig
+from llmbench.engine.moe import MoEMLP, Routing
 from llmbench.engine.paged_attention import AttentionBatch, KVCache, paged_attention
+from llmbench.engine.quant.linear import QuantLinear, quantize_linear
+from llmbench.engine.quant.scheme import QuantScheme, lm_head_scheme
+from llmbench.errors import UserError
+from llmbench.kernels import cpu_gemv
+from llmbench.kernels.errors import KernelDispatchError
 
 
 @dataclass(frozen=True)
@@ -38,11 +48,17 @@ class Linear:
     `is_input_major`. Measured here (float32, 2 threads, one row, weights from DRAM), MKL reads
     a wide matrix faster input-major: [3072, 576] 20.7 vs 15.5 GB/s, [49152, 576] 22.0 vs 15.8;
     a tall one slower: [576, 1536] 13.9 vs 16.1. In 16 bits the native kernel wants [out, in].
+    On a CPU, 16-bit layers of up to `max_fast_rows` rows run the C++ extension of
+    `kernels.cpu_gemv` instead: one row through [3072, 576] bfloat16 streamed 36.6 GB/s there
+    vs 24.8 native (plain read 48.9), measured in one process.
     """
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     is_input_major: bool = False
+    # CPU, 16 bits: the C++ matmul of `kernels.cpu_gemv` (None: torch), for up to this many rows.
+    fast_op: Callable[..., torch.Tensor] | None = None
+    max_fast_rows: int = 0
 
     @classmethod
     def build(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
@@ -50,6 +66,11 @@ class Linear:
         if weight.device.type == "cpu" and weight.dtype == torch.float32:
             if out_features > in_features:
                 return cls(weight.t().contiguous(), bias, is_input_major=True)
+        if weight.device.type == "cpu" and weight.dtype in cpu_gemv.WEIGHT_DTYPES:
+            backend = cpu_matmul()
+            if backend.is_extension:
+                rows = cpu_gemv.max_rows(weight.dtype)
+                return cls(weight.contiguous(), bias, fast_op=backend.op(), max_fast_rows=rows)
         return cls(weight, bias)
 
     @property
@@ -60,6 +81,8 @@ class Linear:
         )
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fast_op is not None and x.shape[0] <= self.max_fast_rows:
+            return self.fast_op(x, self.weight, self.bias, residual)
         w_t = self.weight if self.is_input_major else self.weight.t()  # [in, out]
         add = residual if residual is not None else self.bias
         if residual is not None and self.bias is not None:
@@ -67,14 +90,49 @@ class Linear:
         return torch.mm(x, w_t) if add is None else torch.addmm(add, x, w_t)
 
 
+def cpu_matmul() -> cpu_gemv.CpuGemv:
+    """The CPU 16-bit matmul (`kernels.cpu_gemv`); a bad LLMBENCH_CPU_GEMV is a UserError."""
+    try:
+        return cpu_gemv.default()
+    except KernelDispatchError as e:
+        raise UserError(str(e)) from None
+
+
+def make_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, quantize: QuantScheme | None = None
+) -> Linear | QuantLinear:
+    """The layer for one weight matrix [out, in]: a float `Linear`, or quantised at load to
+    `quantize`'s scheme (`quant.linear`: int8 per output channel, int4 per group)."""
+    if quantize is None:
+        return Linear.build(weight, bias)
+    return quantize_linear(weight, bias, quantize)
+
+
+def held_bytes(part: object) -> int:
+    """Bytes of the tensors a model part holds: a tensor, a matmul (`num_bytes`: codes,
+    scales, zero points, bias), or a dataclass / tuple of them (a layer, an MoE block)."""
+    if isinstance(part, torch.Tensor):
+        return part.numel() * part.element_size()
+    if hasattr(part, "num_bytes"):
+        return part.num_bytes
+    if isinstance(part, (tuple, list)):
+        return sum(held_bytes(p) for p in part)
+    if dataclasses.is_dataclass(part):
+        return sum(held_bytes(getattr(part, f.name)) for f in dataclasses.fields(part))
+    return 0
+
+
 @dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor  # [h]
-    qkv_proj: Linear  # h → nh*d + 2*nkv*d
-    o_proj: Linear  # nh*d → h
+    qkv_proj: Linear | QuantLinear  # h → nh*d + 2*nkv*d
+    o_proj: Linear | QuantLinear  # nh*d → h
     post_attention_norm: torch.Tensor  # [h]
-    gate_up_proj: Linear  # h → 2*I
-    down_proj: Linear  # I → h
+    gate_up_proj: Linear | QuantLinear | None  # h → 2*I (None: the layer's MLP is `moe`)
+    down_proj: Linear | QuantLinear | None  # I → h
+    moe: MoEMLP | None = None  # router + experts, in place of the dense MLP
+    q_norm: torch.Tensor | None = None  # [d], rows in the interleaved RoPE order (Qwen3)
+    k_norm: torch.Tensor | None = None  # [d]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -126,6 +184,17 @@ def interleave_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.view(num_heads, 2, head_dim // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+def _qk_norm_(
+    qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cfg: ModelConfig
+) -> None:
+    """RMSNorm each q and k head of qkv [T, (nh + 2*nkv) * d] over its d dims, in place."""
+    num_tokens, d = qkv.shape[0], cfg.head_dim
+    q = qkv[:, : cfg.q_size].view(num_tokens, cfg.num_heads, d)
+    k = qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].view(num_tokens, cfg.num_kv_heads, d)
+    q.copy_(rms_norm(q, q_norm, cfg.rms_norm_eps))
+    k.copy_(rms_norm(k, k_norm, cfg.rms_norm_eps))
+
+
 def apply_rope_(x: torch.Tensor, rotations: torch.Tensor, head_dim: int) -> None:
     """Rotate x [T, heads * d] (interleaved pairs) in place; rotations: [T, 1, d/2] complex."""
     num_tokens = x.shape[0]
@@ -140,20 +209,57 @@ def apply_rope_(x: torch.Tensor, rotations: torch.Tensor, head_dim: int) -> None
 class LlamaModel:
     """Forward pass of a Llama-family decoder over HF-named weights."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        quantize: QuantScheme | None = None,
+    ):
         self.config = config
+        # Every layer matrix quantised at load to this scheme (None: kept in the model's dtype);
+        # the embedding table and the norms always stay in the model's dtype.
+        self.quantize = quantize
         self.embed_tokens = weights["model.embed_tokens.weight"]  # [V, h]
         self.dtype = self.embed_tokens.dtype
         self.device = self.embed_tokens.device
         self.layers = [self._layer(weights, i) for i in range(config.num_layers)]
         self.norm = weights["model.norm.weight"]
         # A tied lm_head shares the embedding's storage unless Linear re-lays it out (float32
-        # CPU: a transposed copy, +V*h*4 bytes, read 40% faster per decode step).
-        self.lm_head = Linear.build(
-            self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"]
+        # CPU: a transposed copy, +V*h*4 bytes, read 40% faster per decode step) or it is
+        # quantised (a copy in its own scheme).
+        self.lm_head = make_linear(
+            self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"],
+            quantize=lm_head_scheme(quantize),
         )
         self.rotary = Rotary(config, self.device)
         self.scale = 1.0 / math.sqrt(config.head_dim)
+        # The kernels layer's Triton ops (CUDA with Triton: `kernel_ops`), or None: torch ops.
+        dispatch = kernel_ops.dispatch_for(self.device)
+        if self.device.type == "cpu" and self.dtype in cpu_gemv.WEIGHT_DTYPES:
+            dispatch = dataclasses.replace(dispatch, cpu_matmul=cpu_matmul().describe())
+        self.kernels = kernel_ops.TritonOps(dispatch) if dispatch.uses_triton else None
+        self.kernels_description = kernel_ops.describe(dispatch)  # for the run's provenance
+        # What each MoE layer routed in the latest forward, in layer order (empty when dense).
+        self.last_routing: list[Routing] = []
+
+    @property
+    def weight_bytes(self) -> dict[str, int]:
+        """Bytes each part of the loaded model holds, as stored (quantised codes, scales and
+        zero points included): `embedding` (the table; a step reads only its tokens' rows),
+        `layers` (every decoder layer's matrices, biases and norms), `final_norm`, `lm_head`
+        (a tied, unquantised lm_head is the embedding table itself). A step streams `layers`,
+        `final_norm` and `lm_head` once."""
+        return {
+            "embedding": held_bytes(self.embed_tokens),
+            "layers": sum(held_bytes(layer) for layer in self.layers),
+            "final_norm": held_bytes(self.norm),
+            "lm_head": held_bytes(self.lm_head),
+        }
+
+    def _linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> Linear | QuantLinear:
+        return make_linear(weight, bias, self.quantize)
 
     def _layer(self, w: dict[str, torch.Tensor], i: int) -> _Layer:
         cfg = self.config
@@ -169,14 +275,28 @@ class LlamaModel:
             )
             bias = torch.cat([qb, kb, vb])
         q, k = interleave_rope_rows(q, cfg.num_heads), interleave_rope_rows(k, cfg.num_kv_heads)
-        gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+        # q/k norm weights scale head dims: they follow the rows' RoPE reordering.
+        q_norm = k_norm = None
+        if cfg.qk_norm:
+            q_norm = interleave_rope_rows(w[attn + "q_norm.weight"], 1)
+            k_norm = interleave_rope_rows(w[attn + "k_norm.weight"], 1)
+        moe = gate_up_proj = down_proj = None
+        if cfg.is_moe:
+            moe = MoEMLP.build(cfg, w, p + "mlp.", self._linear)
+        else:
+            gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+            gate_up_proj = self._linear(gate_up)
+            down_proj = self._linear(w[p + "mlp.down_proj.weight"])
         return _Layer(
             input_norm=w[p + "input_layernorm.weight"],
-            qkv_proj=Linear.build(torch.cat([q, k, v]), bias),
-            o_proj=Linear.build(w[attn + "o_proj.weight"]),
+            qkv_proj=self._linear(torch.cat([q, k, v]), bias),
+            o_proj=self._linear(w[attn + "o_proj.weight"]),
             post_attention_norm=w[p + "post_attention_layernorm.weight"],
-            gate_up_proj=Linear.build(gate_up),
-            down_proj=Linear.build(w[p + "mlp.down_proj.weight"]),
+            gate_up_proj=gate_up_proj,
+            down_proj=down_proj,
+            moe=moe,
+            q_norm=q_norm,
+            k_norm=k_norm,
         )
 
     @torch.inference_mode()
@@ -190,34 +310,58 @@ class LlamaModel:
         """input_ids, positions: [T] → hidden states [T, h] (before the final norm)."""
         cfg = self.config
         num_tokens = input_ids.shape[0]
-        rotations = self.rotary.rotations(batch.max_position)[positions].unsqueeze(1)  # [T,1,d/2]
+        table = self.rotary.rotations(batch.max_position)  # [P, d/2] complex
+        # The Triton path (`self.kernels`) runs the same ops through the kernels layer.
+        kern = self.kernels
+        step = kern.prepare(batch, kv_cache.block_size, table) if kern else None
+        rotations = None if kern else table[positions].unsqueeze(1)  # [T, 1, d/2]
+        norm = kern.rms_norm if kern else rms_norm
         qk_size = cfg.q_size + cfg.kv_size
+        self.last_routing = []
         with _gemv_backend(self.device, self.dtype, num_tokens):
             x = F.embedding(input_ids, self.embed_tokens)  # [T, h]
             for i, layer in enumerate(self.layers):
                 # Attention block.
-                h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+                h = norm(x, layer.input_norm, cfg.rms_norm_eps)
                 qkv = layer.qkv_proj(h)  # [T, (nh + 2*nkv) * d]
-                apply_rope_(qkv[:, :qk_size], rotations, cfg.head_dim)
+                if layer.q_norm is not None and layer.k_norm is not None:
+                    _qk_norm_(qkv, layer.q_norm, layer.k_norm, cfg)
+                if kern:
+                    kern.rope_(qkv[:, :qk_size], positions, step, cfg.head_dim)
+                else:
+                    apply_rope_(qkv[:, :qk_size], rotations, cfg.head_dim)
                 q = qkv[:, : cfg.q_size].view(num_tokens, cfg.num_heads, cfg.head_dim)
                 kv = qkv[:, cfg.q_size :].view(num_tokens, 2, cfg.num_kv_heads, cfg.head_dim)
-                attn = paged_attention(q, kv, kv_cache.layer(i), batch, self.scale)  # [T, nh, d]
-                x = layer.o_proj(attn.view(num_tokens, cfg.q_size), residual=x)
-                # MLP block (SwiGLU).
-                h = rms_norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
-                gate_up = layer.gate_up_proj(h)  # [T, 2*I]
-                act = (
-                    F.silu(gate_up[:, : cfg.intermediate_size])
-                    * gate_up[:, cfg.intermediate_size :]
+                cache = kv_cache.layer(i)
+                attn = (  # [T, nh, d]
+                    kern.attention(q, kv, cache, batch, step, self.scale)
+                    if kern
+                    else paged_attention(q, kv, cache, batch, self.scale)
                 )
-                x = layer.down_proj(act, residual=x)
+                x = layer.o_proj(attn.view(num_tokens, cfg.q_size), residual=x)
+                # MLP block (SwiGLU, or a mixture of SwiGLU experts).
+                h = norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
+                if layer.moe is not None:
+                    x, routing = layer.moe(h, residual=x)
+                    self.last_routing.append(routing)
+                else:
+                    gate_up = layer.gate_up_proj(h)  # [T, 2*I]
+                    if kern:
+                        act = kern.silu_and_mul(gate_up)
+                    else:
+                        act = (
+                            F.silu(gate_up[:, : cfg.intermediate_size])
+                            * gate_up[:, cfg.intermediate_size :]
+                        )
+                    x = layer.down_proj(act, residual=x)
         return x
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, h] rows that need a next token → logits [N, V] in float32."""
         with _gemv_backend(self.device, self.dtype, hidden.shape[0]):
-            return self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps)).float()
+            norm = self.kernels.rms_norm if self.kernels else rms_norm
+            return self.lm_head(norm(hidden, self.norm, self.config.rms_norm_eps)).float()
 
 
 # Toggling oneDNN (below) makes torch warn about Intel-GPU TF32 on every call: not our concern.

@@ -12,11 +12,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from llmbench.engine import kv_quant
+from llmbench.engine.kv_dtype import KVCacheDtype
+from llmbench.engine.kv_quant import FLOAT_DTYPES
+
 
 class KVCache:
-    """K and V pools of all layers: [num_layers, num_blocks * block_size, 2, nkv, d].
+    """K and V of all layers, in a pool of `num_blocks * block_size` slots per layer.
 
-    K and V of a token sit side by side, so one index_copy_ writes both and one gather reads both.
+    K and V in the same float format (by default the model's dtype): one tensor
+    `kv` [num_layers, slots, 2, nkv, d], K and V of a token side by side, so one index_copy_
+    writes both and one gather reads both; `layer(i)` is its [slots, 2, nkv, d] slice.
+    Otherwise (an int8/int4 side, or K and V in different formats) each side is kept apart and
+    `layer(i)` is a `SplitLayer`: per side a [slots, nkv, d] float tensor, or int8 codes
+    [slots, nkv, d] / packed int4 codes [slots, nkv, d/2] with float16 scales [slots, nkv].
     """
 
     def __init__(
@@ -28,18 +37,118 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        kv_dtype: KVCacheDtype | None = None,
     ):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (num_layers, num_blocks * block_size, 2, num_kv_heads, head_dim)
-        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.kv_dtype = (kv_dtype or KVCacheDtype()).resolve(str(dtype).removeprefix("torch."))
+        k, v = self.kv_dtype.k, self.kv_dtype.v
+        slots = num_blocks * block_size
+        self.kv: torch.Tensor | None = None
+        self._sides: list[KVSide] = []
+        if k == v and k in FLOAT_DTYPES:
+            shape = (num_layers, slots, 2, num_kv_heads, head_dim)
+            self.kv = torch.zeros(shape, dtype=FLOAT_DTYPES[k], device=device)
+            self._layers: list[torch.Tensor | SplitLayer] = list(self.kv)
+        else:
+            self._sides = [
+                KVSide.allocate(fmt, (num_layers, slots, num_kv_heads, head_dim), device)
+                for fmt in (k, v)
+            ]
+            key, value = self._sides
+            self._layers = [SplitLayer(key.layer(i), value.layer(i)) for i in range(num_layers)]
 
-    def layer(self, i: int) -> torch.Tensor:
-        return self.kv[i]
+    def layer(self, i: int) -> torch.Tensor | SplitLayer:
+        return self._layers[i]
 
     @property
     def num_bytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
+        if self.kv is not None:
+            return self.kv.numel() * self.kv.element_size()
+        return sum(side.num_bytes for side in self._sides)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the cache holds: num_blocks · block_size."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token's K and V take over all layers, scales included (from the tensors).
+
+        Formula: num_bytes / (num_blocks · block_size).
+        """
+        return self.num_bytes // self.num_tokens
+
+    @property
+    def bytes_per_elem(self) -> float:
+        """Mean bytes per K/V element, scales included: what the cost model takes as
+        `kv_bytes_per_elem` (K and V of a position always move together, so the mean is exact).
+
+        Formula: bytes_per_token / (num_layers · 2 · num_kv_heads · head_dim).
+        """
+        return self.bytes_per_token / (2 * self.num_layers * self.num_kv_heads * self.head_dim)
+
+
+@dataclass(frozen=True)
+class KVSide:
+    """The keys or the values of one layer (or of all layers: leading dim num_layers).
+
+    `data`: float values [.., slots, nkv, d], int8 codes [.., slots, nkv, d], or packed int4
+    codes [.., slots, nkv, d/2] (uint8); `scales`: float16 [.., slots, nkv] for an integer
+    format, None for a float one.
+    """
+
+    fmt: str
+    data: torch.Tensor
+    scales: torch.Tensor | None
+
+    @classmethod
+    def allocate(cls, fmt: str, shape: tuple[int, ...], device: torch.device) -> KVSide:
+        if fmt in FLOAT_DTYPES:
+            return cls(fmt, torch.zeros(shape, dtype=FLOAT_DTYPES[fmt], device=device), None)
+        scales = torch.zeros(shape[:-1], dtype=torch.float16, device=device)
+        if fmt == "int4":
+            packed = (*shape[:-1], shape[-1] // 2)  # two codes per byte
+            return cls(fmt, torch.zeros(packed, dtype=torch.uint8, device=device), scales)
+        return cls(fmt, torch.zeros(shape, dtype=torch.int8, device=device), scales)
+
+    def layer(self, i: int) -> KVSide:
+        return KVSide(self.fmt, self.data[i], None if self.scales is None else self.scales[i])
+
+    @property
+    def num_bytes(self) -> int:
+        total = self.data.numel() * self.data.element_size()
+        return total + (0 if self.scales is None else self.scales.numel() * 2)
+
+    def write(self, slots: torch.Tensor, x: torch.Tensor) -> None:
+        """Store x [T, nkv, d] in `slots` [T], quantised when the format is an integer one."""
+        if self.scales is None:
+            self.data.index_copy_(0, slots, x.to(self.data.dtype))
+            return
+        codes, scales = kv_quant.quantize(x, self.fmt)
+        self.data.index_copy_(0, slots, codes)
+        self.scales.index_copy_(0, slots, scales)
+
+    def read(self, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The values in `slots` [...] as [..., nkv, d] in `dtype`: only those slots are
+        gathered and dequantised."""
+        flat = slots.flatten()
+        data = self.data.index_select(0, flat)
+        if self.scales is None:
+            values = data.to(dtype)
+        else:
+            values = kv_quant.dequantize(data, self.scales.index_select(0, flat), self.fmt, dtype)
+        return values.view(*slots.shape, *values.shape[1:])
+
+
+@dataclass(frozen=True)
+class SplitLayer:
+    """One layer's cache with keys and values kept apart (`KVCache`)."""
+
+    k: KVSide
+    v: KVSide
 
 
 @dataclass(frozen=True)
@@ -66,12 +175,30 @@ class DecodeBatch:
     bias: torch.Tensor | None  # [B, 1, 1, C]: 0 for real keys, -inf for padding; None if none
 
 
+# A chunk of at most this many tokens after a cached context (speculative verification: the
+# last token and its drafts) is attended with the others like it, padded, in one call a layer.
+MAX_SHORT_CHUNK_LEN = 16
+
+
+@dataclass(frozen=True)
+class ShortChunks:
+    """Sequences that run a few query rows after a cached context (speculative verification's
+    last token and drafts, a short prefill tail), attended together: queries padded to the
+    longest L (a padding query repeats its chunk's last one), contexts to the longest C."""
+
+    rows: torch.Tensor  # [B, L]: each query's row in the flat batch
+    slots: torch.Tensor  # [B, C]: K/V slots of each context
+    mask: torch.Tensor  # [B, 1, L, C] bool: query i of sequence b may see key j
+
+
 @dataclass(frozen=True)
 class AttentionBatch:
     slot_mapping: torch.Tensor  # [T]: the cache slot each new token's K/V is written to
     prefills: list[SeqSlice]
     decodes: DecodeBatch | None
     max_position: int
+    chunks: tuple[Chunk, ...] = ()  # what was scheduled, on the host (the Triton path's index)
+    shorts: ShortChunks | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +232,7 @@ def build_attention_batch(
     context_lens = [c.start + c.num_tokens for c in chunks]
     slots = context_slots([c.block_table for c in chunks], context_lens, block_size, device)
     new_slots, prefills, decode_rows, decode_seqs = [], [], [], []
+    short_rows, short_seqs = [], []
     row = 0
     for i, chunk in enumerate(chunks):
         end = chunk.start + chunk.num_tokens
@@ -112,9 +240,30 @@ def build_attention_batch(
         if chunk.num_tokens == 1:
             decode_rows.append(row)
             decode_seqs.append(i)
+        elif chunk.start > 0 and chunk.num_tokens <= MAX_SHORT_CHUNK_LEN:
+            short_rows.append(row)
+            short_seqs.append(i)
         else:
             prefills.append(SeqSlice(row, chunk.num_tokens, end, slots[i, :end]))
         row += chunk.num_tokens
+    shorts = None
+    if short_seqs:
+        lens = [chunks[i].num_tokens for i in short_seqs]
+        padded = range(max(lens))
+        rows = [[r + min(j, n - 1) for j in padded] for r, n in zip(short_rows, lens, strict=True)]
+        # Query j of sequence b sits at position start_b + j and sees keys 0 ..= that position.
+        positions = [
+            [chunks[i].start + min(j, n - 1) for j in padded]
+            for i, n in zip(short_seqs, lens, strict=True)
+        ]
+        max_len = max(context_lens[i] for i in short_seqs)
+        key_pos = torch.arange(max_len, device=device)
+        mask = key_pos <= torch.tensor(positions, device=device)[:, :, None]  # [B, L, C]
+        shorts = ShortChunks(
+            rows=torch.tensor(rows, dtype=torch.long, device=device),
+            slots=slots[short_seqs, :max_len],
+            mask=mask[:, None],
+        )
     decodes = None
     if decode_seqs:
         lens = [context_lens[i] for i in decode_seqs]
@@ -127,41 +276,69 @@ def build_attention_batch(
             bias = bias.masked_fill_(is_pad, float("-inf"))[:, None, None, :]
         decodes = DecodeBatch(
             rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
-            is_whole_batch=not prefills,
+            is_whole_batch=not prefills and not short_seqs,
             slots=slots[decode_seqs, :max_len],
             bias=bias,
         )
-    return AttentionBatch(torch.cat(new_slots), prefills, decodes, max(context_lens) - 1)
+    return AttentionBatch(
+        torch.cat(new_slots), prefills, decodes, max(context_lens) - 1, tuple(chunks), shorts
+    )
 
 
 def paged_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
-    cache: torch.Tensor,
+    cache: torch.Tensor | SplitLayer,
     batch: AttentionBatch,
     scale: float,
 ) -> torch.Tensor:
     """q: [T, nh, d]; kv: [T, 2, nkv, d] (this step's tokens) → attention output [T, nh, d].
 
-    Writes kv into the cache [slots, 2, nkv, d] first, then each sequence attends causally over
-    its whole context.
+    Writes kv into the cache (`KVCache.layer`) first, then each sequence attends causally over
+    its whole context. A cache in the model's dtype holds kv exactly, so a prompt prefilled in
+    one step attends to the fresh kv; a cache in another format (int8, int4, another float)
+    is always read back, so every token sees the same rounded K/V whether its prompt came in
+    one chunk or several, and the prefix cache changes nothing.
     """
-    cache.index_copy_(0, batch.slot_mapping, kv)
+    is_exact = isinstance(cache, torch.Tensor) and cache.dtype == kv.dtype
+    if is_exact:
+        cache.index_copy_(0, batch.slot_mapping, kv)
+    elif isinstance(cache, torch.Tensor):
+        cache.index_copy_(0, batch.slot_mapping, kv.to(cache.dtype))
+    else:
+        cache.k.write(batch.slot_mapping, kv[:, 0])
+        cache.v.write(batch.slot_mapping, kv[:, 1])
     d = batch.decodes
     if d is not None and d.is_whole_batch:
-        return _decode_attention(q, _gather(cache, d.slots), d.bias, scale)
+        return _decode_attention(q, *_read(cache, d.slots, q.dtype), d.bias, scale)
     out = torch.empty_like(q)
     for s in batch.prefills:
         out[s.query_start : s.query_start + s.query_len] = _prefill_attention(
-            q, kv, cache, s, scale
+            q, kv if is_exact else None, cache, s, scale
         )
     if d is not None:
-        out[d.rows] = _decode_attention(q[d.rows], _gather(cache, d.slots), d.bias, scale)
+        keys, values = _read(cache, d.slots, q.dtype)
+        out[d.rows] = _decode_attention(q[d.rows], keys, values, d.bias, scale)
+    if batch.shorts is not None:
+        s = batch.shorts
+        keys, values = _read(cache, s.slots, q.dtype)
+        o = _short_chunk_attention(q[s.rows], keys, values, s.mask, scale)  # [B, L, nh, d]
+        out[s.rows.flatten()] = o.flatten(0, 1)  # a padding query writes its twin's output
     return out
 
 
+def _read(
+    cache: torch.Tensor | SplitLayer, slots: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of `slots` [...] as two [..., nkv, d] tensors in `dtype`."""
+    if isinstance(cache, SplitLayer):
+        return cache.k.read(slots, dtype), cache.v.read(slots, dtype)
+    context = _gather(cache, slots).to(dtype)  # [..., 2, nkv, d]; no copy in the cache's dtype
+    return context.select(-3, 0), context.select(-3, 1)
+
+
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """cache [S, 2, nkv, d], slots [B, C] → [B, C, 2, nkv, d].
+    """cache [S, 2, nkv, d], slots [...] → [..., 2, nkv, d].
 
     index_select on the flat slots: a row copy per slot, 4-10x faster here than `cache[slots]`,
     whose advanced indexing walks every element.
@@ -170,16 +347,23 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def _prefill_attention(
-    q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, s: SeqSlice, scale: float
+    q: torch.Tensor,
+    kv: torch.Tensor | None,
+    cache: torch.Tensor | SplitLayer,
+    s: SeqSlice,
+    scale: float,
 ) -> torch.Tensor:
-    """One sequence's query rows over its context, causal: → [L, nh, d]."""
+    """One sequence's query rows over its context, causal: → [L, nh, d]. `kv`: this step's
+    exact K/V when the cache holds them as they are (None: read the context from the cache)."""
     rows = slice(s.query_start, s.query_start + s.query_len)
     is_causal = s.context_len == s.query_len
-    if is_causal:
+    mask = None
+    if is_causal and kv is not None:
         # The whole context is in this step: attend to the fresh K/V, no gather from the pool.
-        context, mask = kv[rows], None
+        keys, values = kv[rows, 0], kv[rows, 1]
     else:
-        context = cache.index_select(0, s.kv_slots)  # [C, 2, nkv, d]
+        keys, values = _read(cache, s.kv_slots, q.dtype)  # [C, nkv, d] each
+    if not is_causal:
         # Query i sits at position C - L + i and may see keys 0 ..= that position.
         key_pos = torch.arange(s.context_len, device=q.device)
         query_pos = torch.arange(s.query_len, device=q.device) + (s.context_len - s.query_len)
@@ -188,8 +372,8 @@ def _prefill_attention(
     # for a 1,024-token prefill: 91 vs 22 ms a layer in float32, 177 vs 23 in bfloat16).
     o = F.scaled_dot_product_attention(
         q[rows].transpose(0, 1)[None],
-        context[:, 0].transpose(0, 1)[None],
-        context[:, 1].transpose(0, 1)[None],
+        keys.transpose(0, 1)[None],
+        values.transpose(0, 1)[None],
         attn_mask=mask,
         is_causal=is_causal,
         scale=scale,
@@ -199,9 +383,13 @@ def _prefill_attention(
 
 
 def _decode_attention(
-    q: torch.Tensor, context: torch.Tensor, bias: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale: float,
 ) -> torch.Tensor:
-    """q: [B, nh, d]; context: [B, C, 2, nkv, d]; bias: [B, 1, 1, C] or None → [B, nh, d].
+    """q: [B, nh, d]; keys, values: [B, C, nkv, d]; bias: [B, 1, 1, C] or None → [B, nh, d].
 
     GQA without repeating K/V: the g query heads that share a KV head become g query *rows* of
     that head, so SDPA sees [B, nkv, g, d] against [B, nkv, C, d] — no causal mask is needed for
@@ -210,9 +398,40 @@ def _decode_attention(
     own enable_gqa path for a one-row query.
     """
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = context.shape[3]
+    num_kv_heads = keys.shape[2]
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, nkv, g, d]
-    keys = context[:, :, 0].transpose(1, 2)  # [B, nkv, C, d]
-    values = context[:, :, 1].transpose(1, 2)
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias, scale=scale)
+    out = F.scaled_dot_product_attention(
+        qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=bias, scale=scale
+    )
     return out.reshape(batch, num_heads, head_dim)
+
+
+def _short_chunk_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q: [B, L, nh, d]; keys, values: [B, C, nkv, d]; mask: [B, 1, L, C] bool → [B, L, nh, d].
+
+    `_decode_attention`'s GQA layout with L queries: the g query heads of a KV head and the L
+    positions become L·g query rows of that head, [B, nkv, L·g, d], each with its own row of
+    the causal mask. One gather and one SDPA call for every short chunk of the step, where
+    `_prefill_attention` makes one of each per sequence.
+    """
+    batch, num_queries, num_heads, head_dim = q.shape
+    num_kv_heads, context_len = keys.shape[2], keys.shape[1]
+    group = num_heads // num_kv_heads
+    qg = q.view(batch, num_queries, num_kv_heads, group, head_dim).permute(0, 2, 1, 3, 4)
+    qg = qg.reshape(batch, num_kv_heads, num_queries * group, head_dim)
+    rows_mask = mask[:, :, :, None, :].expand(batch, 1, num_queries, group, context_len)
+    out = F.scaled_dot_product_attention(
+        qg,
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=rows_mask.reshape(batch, 1, num_queries * group, context_len),
+        scale=scale,
+    )  # [B, nkv, L·g, d]
+    out = out.view(batch, num_kv_heads, num_queries, group, head_dim).permute(0, 2, 1, 3, 4)
+    return out.reshape(batch, num_queries, num_heads, head_dim)

@@ -8,6 +8,7 @@ from llmbench.engine.model import LlamaModel
 from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batch
 from llmbench.engine.sampling import sample
 from llmbench.engine.scheduler import ScheduledSeq
+from llmbench.engine.verification import verify
 
 
 class ModelRunner:
@@ -16,20 +17,23 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = model.device
 
-    def execute(self, batch: list[ScheduledSeq]) -> list[int]:
-        """Run one step; returns the sampled token of every sequence whose chunk needs logits,
-        in batch order. The returned ids are on the host, so the step is complete on return."""
+    def execute(self, batch: list[ScheduledSeq]) -> list[list[int]]:
+        """Run one step; returns the new tokens of every sequence whose chunk needs logits, in
+        batch order: one sampled token, or (speculative decoding) the accepted draft tokens and
+        one more. The returned ids are on the host, so the step is complete on return."""
         input_ids: list[int] = []
         positions: list[int] = []
         chunks: list[Chunk] = []
         logit_rows: list[int] = []
         for item in batch:
             seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
+            num_drafts = len(item.spec_token_ids)
             chunks.append(Chunk(start, n, seq.block_table))
-            input_ids += seq.token_ids[start : start + n]
+            input_ids += seq.token_ids[start : start + n - num_drafts]
+            input_ids += item.spec_token_ids  # verified after the last token, k + 1 rows
             positions += range(start, start + n)
             if item.needs_logits:
-                logit_rows.append(len(input_ids) - 1)
+                logit_rows += range(len(input_ids) - 1 - num_drafts, len(input_ids))
         attention = build_attention_batch(
             chunks, self.kv_cache.block_size, self.device, self.model.dtype
         )
@@ -38,9 +42,35 @@ class ModelRunner:
         hidden = self.model.forward(ids, pos, attention, self.kv_cache)
         if not logit_rows:
             return []
-        # Only rows that end a sequence's known tokens get logits: the lm_head is ~20% of
-        # SmolLM2's weights, and a 1,000-token prefill needs just one row of it.
+        # Only rows that end a sequence's known tokens get logits (and the rows of the drafts
+        # it verifies): the lm_head is ~20% of SmolLM2's weights, and a 1,000-token prefill
+        # needs just one row of it.
         logits = self.model.compute_logits(hidden[logit_rows])
-        sampled = [item.seq for item in batch if item.needs_logits]
+        needing = [item for item in batch if item.needs_logits]
+        if any(item.spec_token_ids for item in needing):
+            return verify(logits, needing)
+        sampled = [item.seq for item in needing]
         tokens = sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
-        return tokens.tolist()
+        return [[token] for token in tokens.tolist()]
+
+    def score(
+        self, token_ids: list[int], block_table: list[int], max_chunk_tokens: int
+    ) -> torch.Tensor:
+        """Logits [T, V] (float32) of every position of token_ids: row i is the model's
+        distribution of token i + 1. Prefill chunks of at most max_chunk_tokens go through the
+        paged cache at `block_table` (which must hold T tokens); nothing is sampled. For
+        scoring a text (perplexity), not for serving: every row pays for the lm_head."""
+        rows = []
+        for start in range(0, len(token_ids), max_chunk_tokens):
+            end = min(start + max_chunk_tokens, len(token_ids))
+            attention = build_attention_batch(
+                [Chunk(start, end - start, block_table)],
+                self.kv_cache.block_size,
+                self.device,
+                self.model.dtype,
+            )
+            ids = torch.tensor(token_ids[start:end], dtype=torch.long, device=self.device)
+            pos = torch.arange(start, end, dtype=torch.long, device=self.device)
+            hidden = self.model.forward(ids, pos, attention, self.kv_cache)
+            rows.append(self.model.compute_logits(hidden))
+        return torch.cat(rows)

@@ -6,6 +6,10 @@ ones are admitted with what is left of the token budget, so long prompts are pre
 chunks; a waiting sequence starts past the leading blocks the prefix cache already holds. When
 the cache has no free block, the newest running sequence is preempted: its blocks are freed and
 it is recomputed later (its generated tokens become part of what it re-prefills).
+
+Speculative decoding adds no mode either: a decoding sequence that carries draft tokens
+(`spec_token_ids`) runs them after its last token, k + 1 query rows, as far as the token budget
+allows; when the cache is short, the drafts are dropped before any sequence is preempted.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # query rows this step: tokens to compute, then the drafts to verify
+    spec_token_ids: tuple[int, ...] = ()  # draft tokens verified after the sequence's last token
 
     @property
     def needs_logits(self) -> bool:
         """True when this chunk reaches the end of the sequence: a new token follows it."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        num_known = self.num_new_tokens - len(self.spec_token_ids)
+        return self.seq.num_computed_tokens + num_known == self.seq.num_tokens
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}  # insertion-ordered: the batch order
+        drafts: dict[Sequence, tuple[int, ...]] = {}  # draft tokens each one verifies
         num_preempted = 0
         # Decodes (one token left) before running prefill chunks; stable, so FIFO within each.
         for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
@@ -66,19 +73,28 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n == 0:
                 continue
-            needed = seq.num_computed_tokens + n
-            while not self.blocks.can_allocate(seq.block_table, needed):
+            is_decode = seq.num_tokens - seq.num_computed_tokens == 1
+            num_spec = min(len(seq.spec_token_ids), budget - n) if is_decode else 0
+            while not self.blocks.can_allocate(
+                seq.block_table, seq.num_computed_tokens + n + num_spec
+            ):
+                if num_spec:
+                    num_spec = 0  # drop the drafts before preempting anyone
+                    continue
                 victim = self.running[-1]  # the newest; possibly seq itself
                 budget += scheduled.pop(victim, 0)
+                drafts.pop(victim, None)
                 self._preempt(victim)
                 num_preempted += 1
                 if victim is seq:
                     break
             if seq not in self.running:
                 continue
-            self.blocks.allocate(seq.block_table, needed)
-            scheduled[seq] = n
-            budget -= n
+            self.blocks.allocate(seq.block_table, seq.num_computed_tokens + n + num_spec)
+            scheduled[seq] = n + num_spec
+            if num_spec:
+                drafts[seq] = tuple(seq.spec_token_ids[:num_spec])
+            budget -= n + num_spec
         num_admitted = num_cached = 0
         bs = self.blocks.block_size
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -101,7 +117,7 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
         return SchedulerOutput(
-            [ScheduledSeq(s, n) for s, n in scheduled.items()],
+            [ScheduledSeq(s, n, drafts.get(s, ())) for s, n in scheduled.items()],
             num_preempted,
             num_admitted,
             num_cached,

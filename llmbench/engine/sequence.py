@@ -30,6 +30,13 @@ class Sequence:
     num_preemptions: int = 0
     first_scheduled_ns: int = 0  # start of the first step that ran it (0: not yet)
     finish_reason: str | None = None
+    # Speculative decoding: draft tokens proposed for the next step (not in token_ids until the
+    # target accepts them), and the draft's probabilities [len(spec_token_ids), V] they were
+    # drawn from (None: each is a point mass, as n-gram and greedy drafts are).
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_probs: torch.Tensor | None = None
+    num_proposed_tokens: int = 0  # draft tokens verified over the request's life
+    num_accepted_tokens: int = 0  # of those, accepted by the target
 
     def __post_init__(self) -> None:
         if not self.token_ids:

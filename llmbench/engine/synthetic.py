@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmbench.engine.checkpoint import TensorInfo, expected_tensors
-from llmbench.engine.presets import PRESETS
+from llmbench.engine.presets import preset_config
 from llmbench.engine.tokenizer import Tokenizer
-from llmbench.errors import UserError
 
 if TYPE_CHECKING:  # torch is the engine extra: describing a model needs none
     import torch
@@ -23,11 +22,8 @@ _INIT_STD = 0.02  # the HF `initializer_range` of Llama-family configs
 
 class SyntheticSource:
     def __init__(self, preset: str, seed: int = 0):
-        if preset not in PRESETS:
-            raise UserError(
-                f"synthetic:{preset}: unknown preset; choose one of {', '.join(PRESETS)}"
-            )
-        self.config = PRESETS[preset]
+        """`preset`: a preset name, optionally `?layers=N` (see `presets.preset_config`)."""
+        self.config = preset_config(preset)
         self.description = f"synthetic:{preset} (seeded random weights, seed {seed})"
         self._seed = seed
 

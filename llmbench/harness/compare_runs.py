@@ -31,8 +31,8 @@ from llmbench.harness.run_summary import can_rebuild
 
 SWEEP_POINT_GLOB = "point-*"
 # Spec keys that do not change what a repetition measures (names, where the folder goes, how many
-# repetitions): they may differ.
-LABEL_KEYS = ("name", "output_dir", "repeat")
+# repetitions, how failures are judged): they may differ.
+LABEL_KEYS = ("name", "output_dir", "repeat", "max_failed_fraction")
 # Provenance keys that must match, named first when they differ (spec_hash then says where).
 SAME_BENCHMARK_KEYS = ("model", "dtype", "workload_hash")
 # What a roofline point needs to be drawn (`steps.jsonl`).

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -117,9 +117,17 @@ class Driver:
         self.on_record = on_record
         self.result = DriveResult()  # filled as requests end: a partial run stays reportable
 
-    async def run_closed_loop(self, sessions: list[Session], concurrency: int) -> DriveResult:
-        """At most `concurrency` sessions in flight; the next starts when one ends."""
+    async def run_closed_loop(
+        self,
+        sessions: list[Session],
+        concurrency: int,
+        start_at: Callable[[], Awaitable[int]] | None = None,
+    ) -> DriveResult:
+        """At most `concurrency` sessions in flight; the next starts when one ends. With
+        `start_at`, the first ones start at the `perf_counter_ns` it returns (a common start)."""
         slots = asyncio.Semaphore(concurrency)
+        if start_at is not None:
+            await asyncio.sleep(max(0, await start_at() - time.perf_counter_ns()) / 1e9)
 
         async def one(session: Session) -> None:
             async with slots:
@@ -129,11 +137,17 @@ class Driver:
         await asyncio.gather(*(one(s) for s in sessions))
         return self.result
 
-    async def run_open_loop(self, sessions: list[Session], offsets_s: list[float]) -> DriveResult:
+    async def run_open_loop(
+        self,
+        sessions: list[Session],
+        offsets_s: list[float],
+        start_at: Callable[[], Awaitable[int]] | None = None,
+    ) -> DriveResult:
         """Session i starts at start + offsets_s[i], however busy the system is; every first
-        request is prepared before `start` is taken."""
+        request is prepared before `start` is taken: now, or the `perf_counter_ns` that
+        `start_at` returns (a start common to several processes)."""
         firsts = [self._prepare(s, 0, self._first_messages(s)) for s in sessions]
-        start_ns = time.perf_counter_ns()
+        start_ns = time.perf_counter_ns() if start_at is None else await start_at()
         await asyncio.gather(
             *(
                 self._session(s, first, start_ns + round(offset * 1e9))
@@ -225,6 +239,8 @@ class Driver:
             sent_ns=0,
             is_warmup=is_warmup,
             num_prompt_tokens=len(request.prompt_ids),
+            max_tokens=request.max_tokens,
+            ignore_eos=request.ignore_eos,
         )
         text_parts: list[str] = []
         record.sent_ns = time.perf_counter_ns()
@@ -234,13 +250,25 @@ class Driver:
                     record.chunk_ns.append(event.t_ns)
                     record.chunk_tokens.append(event.num_tokens)
                 text_parts.append(event.text)
+                if event.reasoning_text and record.first_reasoning_ns is None:
+                    record.first_reasoning_ns = event.t_ns
+                if (event.text or event.tool_call_text) and record.first_content_ns is None:
+                    record.first_content_ns = event.t_ns
                 if event.finish_reason is not None:
                     record.finish_reason = event.finish_reason
                 if event.usage_prompt_tokens is not None:
                     record.server_prompt_tokens = event.usage_prompt_tokens
+                if event.usage_completion_tokens is not None:
                     record.server_completion_tokens = event.usage_completion_tokens
+                if event.usage_reported or event.usage_prompt_tokens is not None:
+                    record.usage_reported = True
+                if event.server_timings is not None:
+                    record.server_timings = event.server_timings
                 if event.cached_tokens is not None:
                     record.cached_tokens = event.cached_tokens
+                if event.num_draft_tokens is not None:
+                    record.num_draft_tokens = event.num_draft_tokens
+                    record.num_accepted_draft_tokens = event.num_accepted_draft_tokens
         except asyncio.CancelledError:
             record.error = CANCELLED
             raise

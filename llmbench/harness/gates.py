@@ -77,6 +77,12 @@ _PER_REPETITION: dict[str, tuple[str, MetricKind]] = {
     "output_tok_per_s_per_gb_s": ("tok/s per GB/s", "hardware-normalised"),
     "prefix_cache_hit_rate": ("fraction", "device-independent"),  # cached / prompt tokens
 }
+# Mixture-of-experts routing, one value per repetition, better when lower (fewer expert bytes
+# per decode step; a more even load): (unit, kind).
+_PER_REPETITION_LOWER: dict[str, tuple[str, MetricKind]] = {
+    "moe_decode_experts_touched": ("experts per layer", "device-independent"),
+    "moe_load_max_over_mean": ("ratio", "device-independent"),
+}
 
 
 def metric_info(name: str) -> MetricInfo | None:
@@ -84,6 +90,9 @@ def metric_info(name: str) -> MetricInfo | None:
     if name in _PER_REPETITION:
         unit, kind = _PER_REPETITION[name]
         return MetricInfo(name, unit, False, kind, name, "mean", False)
+    if name in _PER_REPETITION_LOWER:
+        unit, kind = _PER_REPETITION_LOWER[name]
+        return MetricInfo(name, unit, True, kind, name, "mean", False)
     family, _, statistic = name.rpartition(".")
     if family in LATENCY_FAMILIES and statistic in STATISTICS:
         return MetricInfo(name, "ms", True, "raw", family, statistic, True)
@@ -98,7 +107,8 @@ def _unknown_metric_reason(name: str) -> str:
         return f"unknown statistic; use one of {', '.join(STATISTICS)}"
     return (
         f"unknown metric; use a latency ({', '.join(LATENCY_FAMILIES)}) with "
-        f".{'/.'.join(STATISTICS)}, or one of {', '.join(_PER_REPETITION)}"
+        f".{'/.'.join(STATISTICS)}, or one of "
+        f"{', '.join([*_PER_REPETITION, *_PER_REPETITION_LOWER])}"
     )
 
 

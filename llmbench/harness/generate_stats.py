@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from llmbench.harness import roofline
+from llmbench.harness import cost_model, roofline
 
 if TYPE_CHECKING:
     from llmbench.engine.config import ModelConfig
 
 
 def decode_bytes_per_s(
-    config: ModelConfig, steps: Sequence[Any], elem_bytes: float
+    config: ModelConfig,
+    steps: Sequence[Any],
+    elem_bytes: float,
+    kv_bytes_per_elem: float | None = None,
+    draft: cost_model.DraftModel | None = None,
+    weight_bytes: Mapping[str, float] | None = None,
 ) -> float | None:
     """Achieved bandwidth of the decode-only steps, by the roofline's cost model (weights once
     per step, K/V read over each context and written for the new token). None without one.
+    `kv_bytes_per_elem`: the cache's own (a quantised one); None: elem_bytes. `draft`: a
+    speculative draft model (`speculative_stats.draft_model_of`), whose passes count in their
+    steps. `weight_bytes`: the loaded model's bytes per part (`LlamaModel.weight_bytes`, a
+    quantised model's real bytes); None: elem_bytes per weight.
 
     Formula: Σ step_cost(step).bytes / Σ step time over decode-only steps.
     """
-    points = roofline.cost_steps(config, steps, elem_bytes, elem_bytes)
+    kv_bytes = elem_bytes if kv_bytes_per_elem is None else kv_bytes_per_elem
+    weight_bpp, lm_head_bpp = elem_bytes, None
+    if weight_bytes is not None:
+        weight_bpp, lm_head_bpp = cost_model.loaded_bytes_per_param(config, weight_bytes)
+    points = roofline.cost_steps(config, steps, weight_bpp, kv_bytes, draft, lm_head_bpp)
     decode = roofline.phase_utilization(points, None, None).get("decode")
     return None if decode is None else decode["bytes_per_s"]
 

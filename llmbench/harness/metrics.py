@@ -9,6 +9,11 @@ One name means one number, whatever other tools call it:
              k samples of g / k, so multi-token chunks neither inflate ITL nor hide tokens;
 - `icl_ms`   every raw gap between consecutive chunks.
 
+When a server reports its own timings (`RequestRecord.server_timings`), `server_prompt_ms` and
+`server_decode_ms_per_token` are its numbers, and `ttft_overhead_ms` / `tpot_overhead_ms` what
+the client saw beyond them: the server's HTTP, templating, tokenization and per-token sending,
+the network and the client's parsing.
+
 The `compat` block of `summarize` repeats the numbers under vLLM / GuideLLM / AIPerf names.
 """
 
@@ -124,6 +129,63 @@ def queue_ms(r: RequestRecord) -> float:
     return (r.sent_ns - r.scheduled_ns) / NS_PER_MS
 
 
+def server_prompt_ms(r: RequestRecord) -> float | None:
+    """The server's own time on the request's prompt, as it reported it (llama.cpp's
+    `timings.prompt_ms`).
+
+    Formula: server_timings.prompt_ms. None when the server reported none.
+    """
+    timings = r.server_timings
+    return None if timings is None else timings.prompt_ms
+
+
+def server_decode_ms_per_token(r: RequestRecord) -> float | None:
+    """The server's own decode time per output token, as it reported it (llama.cpp's
+    `timings.predicted_per_token_ms`).
+
+    Formula: server_timings.decode_ms_per_token; without it, decode_ms / decode_tokens
+    (decode_tokens > 0). None when the server reported neither.
+    """
+    timings = r.server_timings
+    if timings is None:
+        return None
+    if timings.decode_ms_per_token is not None:
+        return timings.decode_ms_per_token
+    if timings.decode_ms is not None and timings.decode_tokens:
+        return timings.decode_ms / timings.decode_tokens
+    return None
+
+
+def ttft_overhead_ms(r: RequestRecord) -> float | None:
+    """What the time to first token holds beyond the server's prompt processing: its HTTP,
+    templating and tokenization, queueing before its counter starts, sending the first token,
+    the network and the client's parsing.
+
+    Formula: ttft_from_send_ms(r) − server_prompt_ms(r). None when either is None.
+    """
+    ttft, prompt = ttft_from_send_ms(r), server_prompt_ms(r)
+    return None if ttft is None or prompt is None else ttft - prompt
+
+
+def tpot_overhead_ms(r: RequestRecord) -> float | None:
+    """What each output token costs the client beyond the server's decode: the server's
+    sampling and sending outside its counter, the network and the client's parsing.
+
+    Formula: tpot_ms(r) − server_decode_ms_per_token(r). None when either is None.
+    """
+    tpot, decode = tpot_ms(r), server_decode_ms_per_token(r)
+    return None if tpot is None or decode is None else tpot - decode
+
+
+# The server-vs-client split: summary key → per-request value (a distribution each, or None).
+SERVER_TIMINGS = {
+    "server_prompt_ms": server_prompt_ms,
+    "ttft_overhead_ms": ttft_overhead_ms,
+    "server_decode_ms_per_token": server_decode_ms_per_token,
+    "tpot_overhead_ms": tpot_overhead_ms,
+}
+
+
 def _worst_itl_ms(r: RequestRecord) -> float | None:
     """An ITL SLO holds for a request when every one of its token gaps is within the limit.
 
@@ -236,6 +298,13 @@ def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = N
     prefix_cache_hit_rate = Σ cached_tokens / Σ prompt tokens over requests reporting
     cached_tokens (the server's prompt count when given, since the cached count is the server's).
     Rates are None when the window is empty.
+    failed_fraction = num_failed / #measured (None when nothing was measured);
+    failure_reasons = error text → count over the failed measured requests, most common first;
+    token_count_mismatches = #completed whose server prompt count ≠ the client's, None when no
+    completed request has a server count (not checked);
+    server_prompt_ms, server_decode_ms_per_token, ttft_overhead_ms, tpot_overhead_ms: the
+    distributions of `SERVER_TIMINGS` over completed requests, each None when no request has a
+    value (the server reported no timings).
     """
     slo = slo or {}
     _check_slo(slo)
@@ -279,6 +348,12 @@ def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = N
     request_per_s = _per_s(len(completed), duration_s)
     mean_request_latency_ms = _mean(values(e2e_from_send_ms))
 
+    checked = [r for r in completed if r.server_prompt_tokens is not None]
+    reasons: dict[str, int] = {}
+    for r in measured:
+        if not r.ok:
+            reasons[r.error] = reasons.get(r.error, 0) + 1
+
     summary = {
         "ttft_ms": distribution(ttft),
         "ttft_from_send_ms": distribution(ttft_from_send),
@@ -296,11 +371,15 @@ def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = N
         "goodput_request_per_s": _per_s(num_good, duration_s),
         "goodput_fraction": num_good / len(measured) if measured else None,
         "prefix_cache_hit_rate": prefix_cache_hit_rate,
-        "token_count_mismatches": sum(
-            r.server_prompt_tokens is not None and r.server_prompt_tokens != r.num_prompt_tokens
-            for r in completed
+        "token_count_mismatches": (
+            sum(r.server_prompt_tokens != r.num_prompt_tokens for r in checked) if checked else None
         ),
+        "failed_fraction": num_failed / len(measured) if measured else None,
+        "failure_reasons": dict(sorted(reasons.items(), key=lambda item: -item[1])),
     }
+    for name, metric in SERVER_TIMINGS.items():
+        timed = values(metric)
+        summary[name] = distribution(timed) if timed else None
     summary["compat"] = {
         # vLLM / SGLang `bench serve`: TTFT and latency are timed from the actual send (they have
         # no scheduled time); TPOT is ours; their ITL keeps one sample per chunk, i.e. our icl_ms.

@@ -71,7 +71,8 @@ def device_of(backend_kind: str, backend: Any, url: str | None) -> Device:
         return Device("cpu", cpu_name(), torch.get_num_threads(), "transformers.generate")
     device = backend.engine.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    return Device(device.type, name, torch.get_num_threads(), "torch reference ops")
+    kernels = backend.engine.model.kernels_description  # the kernels layer's dispatch
+    return Device(device.type, name, torch.get_num_threads(), kernels)
 
 
 def collect(

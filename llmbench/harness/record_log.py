@@ -14,14 +14,15 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from llmbench.errors import UserError
-from llmbench.harness.records import RequestRecord
+from llmbench.harness.records import RequestRecord, ServerTimings
 
 REQUESTS_FILE = "requests.jsonl"
 STEPS_FILE = "steps.jsonl"
@@ -125,6 +126,20 @@ class RecordLog:
                     self.error = self.error or f"{name}: {e}"
 
 
+def rewrite_requests(folder: Path, records: Sequence[RequestRecord]) -> None:
+    """Replace the folder's requests.jsonl with `records`, a line each as `RecordLog` writes
+    them: for what is learnt about the requests once they ended (the server's timings from its
+    log). Written aside, then renamed over the old file: a kill leaves one or the other whole."""
+    path = folder / REQUESTS_FILE
+    aside = path.with_name(f"{REQUESTS_FILE}.new")
+    try:
+        with aside.open("w") as f:
+            f.writelines(json.dumps(dataclasses.asdict(r)) + "\n" for r in records)
+        os.replace(aside, path)
+    except OSError as e:
+        raise UserError(f"{folder}: writing the records failed: {e}") from None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The lines of a jsonl file ([] when absent). A last line without its newline was cut by a
     kill mid-write and is dropped; any other bad line is a `UserError` naming file and line."""
@@ -146,14 +161,24 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 _RECORD_FIELDS = {f.name for f in dataclasses.fields(RequestRecord)}
+_TIMINGS_FIELDS = {f.name for f in dataclasses.fields(ServerTimings)}
 
 
 def read_requests(folder: Path) -> list[RequestRecord]:
-    """Every request of the folder's requests.jsonl, warm-up included (`is_warmup`)."""
-    return [
-        RequestRecord(**{k: v for k, v in row.items() if k in _RECORD_FIELDS})
-        for row in read_jsonl(folder / REQUESTS_FILE)
-    ]
+    """Every request of the folder's requests.jsonl, warm-up included (`is_warmup`). A field a
+    line does not have (written by an older llmbench) takes its default; one llmbench no longer
+    knows is left out."""
+    return [request_record(row) for row in read_jsonl(folder / REQUESTS_FILE)]
+
+
+def request_record(row: dict[str, Any]) -> RequestRecord:
+    """A requests.jsonl line back as the `RequestRecord` it was written from."""
+    fields = {k: v for k, v in row.items() if k in _RECORD_FIELDS}
+    timings = fields.get("server_timings")
+    if isinstance(timings, dict):
+        known = {k: v for k, v in timings.items() if k in _TIMINGS_FIELDS}
+        fields["server_timings"] = ServerTimings(**{"source": "", **known})
+    return RequestRecord(**fields)
 
 
 def read_steps(folder: Path) -> list[dict[str, Any]]:

@@ -37,19 +37,48 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class ServerTimings:
+    """What a server reported about its own work on one request, beside the client's clock.
+
+    Every number is the server's, None when it did not report it. llama.cpp's server sends a
+    `timings` object (all of these); OpenAI-style `usage` gives only the counts.
+    """
+
+    source: str  # the shapes it came from, e.g. "llama.cpp timings + openai usage"
+    prompt_ms: float | None = None  # its prompt pass (prefill), cached tokens not recomputed
+    decode_ms: float | None = None  # its generation after the prompt pass
+    decode_ms_per_token: float | None = None  # as it reported it (llama.cpp: decode_ms / n)
+    prompt_tokens: int | None = None  # the whole prompt as it counted it, cached ones included
+    decode_tokens: int | None = None  # output tokens it generated
+    cached_tokens: int | None = None  # prompt tokens it served from its prefix cache
+
+
+@dataclass(slots=True)  # not frozen: one is made per chunk, and frozen costs ~1.3 µs more each
 class StreamEvent:
     """A piece of a streamed reply: `num_tokens` output tokens that arrived at `t_ns`.
 
-    The final event of a stream may carry no tokens, only usage and finish reason.
+    A piece may carry text but no new token (text the tokenizer merges into the token before):
+    its text still belongs to the reply. The final event of a stream carries no tokens, only
+    finish reason, usage and the server's timings.
     """
 
     t_ns: int
     num_tokens: int
-    text: str = ""
+    text: str = ""  # reply text (content)
     finish_reason: str | None = None
     usage_prompt_tokens: int | None = None  # as the server counts them
     usage_completion_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens served from the server's prefix cache
+    # Output the model generated that is not reply text: reasoning deltas (`reasoning_content`),
+    # and the name and argument pieces of streamed tool calls.
+    reasoning_text: str = ""
+    tool_call_text: str = ""
+    server_timings: ServerTimings | None = None  # final event: the server's own numbers
+    usage_reported: bool = False  # final event: the server sent a `usage` object
+    # Final event, speculative decoding (None: the backend does not speculate, or say): draft
+    # tokens verified for the request, and how many of them the target accepted.
+    num_draft_tokens: int | None = None
+    num_accepted_draft_tokens: int | None = None
 
 
 class Backend(Protocol):
@@ -85,9 +114,28 @@ class RequestRecord:
     error: str | None = None  # why the request failed; None when it completed
     is_warmup: bool = False
     repetition: int = 1  # which measured repetition of the workload (`--repeat`) it belongs to
+    server_timings: ServerTimings | None = None  # what the server said about its own work
+    max_tokens: int = 0  # what the request asked for
+    ignore_eos: bool = False  # whether it asked the server to ignore EOS
+    first_reasoning_ns: int | None = None  # arrival of the first reasoning output, if any
+    first_content_ns: int | None = None  # arrival of the first reply text or tool-call piece
+    usage_reported: bool = False  # the server sent a `usage` object (its counts were checked)
+    # Speculative decoding (None: not reported): draft tokens verified, and accepted.
+    num_draft_tokens: int | None = None
+    num_accepted_draft_tokens: int | None = None
 
     @property
     def num_output_tokens(self) -> int:
+        """Output tokens of the reply: the server's `usage.completion_tokens` when it sent one,
+        else the client's count, Σ chunk_tokens.
+
+        The server wins because it counted the ids it generated; the client re-tokenizes the
+        text, which can merge or split tokens where the model did not, and never sees tokens
+        without text (an EOS, a special token). `chunk_tokens` stays the client's split of the
+        reply over its chunks, which timing (ITL) needs and the server does not give.
+        """
+        if self.server_completion_tokens is not None:
+            return self.server_completion_tokens
         return sum(self.chunk_tokens)
 
     @property

@@ -66,6 +66,14 @@ class Probe:
     seconds: float
     measured_unix_s: float
     note: str | None = None  # e.g. a matmul measured below full size: no fast path
+    # How the probe ran and what its runs said (null in files from before they were recorded):
+    method: str | None = None  # "read-only sum", "copy, read + write", "matmul bfloat16 ..."
+    threads: int | None = None
+    unit: str | None = None  # of the rates: "B/s" or "FLOP/s"
+    best_per_s: float | None = None  # the fastest run's rate (the roof)
+    median_per_s: float | None = None
+    spread: float | None = None  # 1 − fastest / slowest run's time
+    converged: bool | None = None  # its best runs agreed (`hardware.has_converged`)
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,43 @@ class Provenance:
     machine_load: MachineLoad
     created_unix_s: float
     hardware: HardwareCeilings | None = None  # the measured roofs used, when there are any
+    # The most prompt tokens a first turn of the run shares with another of its prompts (warm-up
+    # included): what the run itself can have cached for a first turn. openai backend only.
+    shared_prefix_tokens: int | None = None
+    kv_cache: KVCacheInfo | None = None  # the engine's K/V cache (engine backend only)
+    # The engine's weight-only quantization of its linear layers (`int8`, `int4:32`, ...);
+    # None: the weights ran in `dtype` (and for other backends).
+    quantize: str | None = None
+    # The engine's expert offloading (mixture of experts; None: every expert resident).
+    moe_offload: MoEOffloadInfo | None = None
+
+
+@dataclass(frozen=True)
+class MoEOffloadInfo:
+    """Expert offloading as the engine ran it: `num_resident` experts per layer in device
+    memory, the others fetched over the host link through an LRU of `num_cached` per layer.
+    A simulated link (`is_simulated`; always on a CPU) moves nothing: each fetch is charged
+    `expert_bytes` / `link_bytes_per_s` (steps' `link_s_simulated`), slept too when `is_slept`."""
+
+    num_resident: int
+    num_cached: int
+    is_simulated: bool
+    link_bytes_per_s: float | None  # the simulated link's; None for a real one
+    is_slept: bool
+    expert_bytes: int  # what one fetch moves
+    usage_profile: str | None  # the experts.json that chose the resident experts; None: ids 0..N-1
+
+
+@dataclass(frozen=True)
+class KVCacheInfo:
+    """The built-in engine's K/V cache as it ran: storage of keys and values, real bytes per
+    token (scales included) and how many tokens the cache held at its memory budget."""
+
+    k_dtype: str  # float32, bfloat16, float16, int8, int4
+    v_dtype: str
+    kv_bytes_per_token: int  # K + V of one token over all layers
+    kv_cache_tokens: int  # num_blocks · block_size
+    kv_cache_bytes: int
 
 
 @dataclass(frozen=True)
@@ -138,6 +183,12 @@ class Roofline:
     roofs: Roofs | None
     datasheet_roofs: Roofs | None
     phases: Mapping[str, Phase] = field(default_factory=dict)  # decode / prefill / mixed
+    # How the weights are stored, as the bytes assume: a storage name ("bfloat16", "q4_1"),
+    # "<n> bytes/param", or None when unknown (a server's: the bytes then assume `dtype`).
+    weights: str | None = None
+    # The lm_head's bytes per weight when stored apart from the layers (a quantised engine
+    # model); None: `weight_bytes_per_param`.
+    lm_head_bytes_per_param: float | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +196,51 @@ class TelemetryInfo:
     interval_s: float
     notes: tuple[str, ...] = ()
     summary: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # column → stats
+
+
+@dataclass(frozen=True)
+class ClockAnchor:
+    """One instant on a process's clocks: how its `perf_counter_ns` records are put on another
+    process's clock (`shards.shift_ns`)."""
+
+    perf_ns: int
+    monotonic_ns: int  # CLOCK_MONOTONIC: shared by the processes of one boot of one host
+    unix_ns: int  # the wall clock: shared across hosts as far as their clocks are in sync
+    host: str
+    boot_id: str | None  # None: unknown (not Linux)
+
+
+@dataclass(frozen=True)
+class ClientProcess:
+    """One load-generating process over the measured window (`client_load.ClientMeter`)."""
+
+    shard: int  # 0 in an unsharded run
+    pid: int
+    cpu_affinity: tuple[int, ...]  # the CPUs it may run on
+    wall_s: float
+    user_s: float
+    system_s: float
+    busy_fraction: float  # (user_s + system_s) / wall_s: 1.0 = one core busy the whole time
+    threads: Mapping[str, float] = field(default_factory=dict)  # thread → CPU s in the window
+
+
+@dataclass(frozen=True)
+class ClientLoad:
+    """The load generator's own load (openai backend), and which shard of a run a folder is."""
+
+    shard: int | None  # the folder holds shard `shard` of `num_shards` only; None: the whole run
+    num_shards: int
+    clock: ClockAnchor  # the clock of the folder's records (a merge: the one they were put on)
+    processes: tuple[ClientProcess, ...] = ()  # empty in run-start.json
+    cpu_s: float | None = None  # Σ user + system over the processes
+    max_busy_fraction: float | None = None
+    is_saturated: bool = False  # a process was busy >= client_load.SATURATED_BUSY of a core
+    server_pids: tuple[int, ...] = ()  # the server listening on the loopback URL's port
+    server_cpu_affinity: tuple[int, ...] | None = None  # None: no local server, or unreadable
+    server_cpu_s: float | None = None  # its user + system CPU in the measured window
+    shares_cores_with_server: bool | None = None  # None: no local server, or unreadable
+    clock_alignment: str | None = None  # a merge: how each shard's records were put on `clock`
+    warnings: tuple[str, ...] = ()  # also appended to `summary.warnings`
 
 
 @dataclass(frozen=True)
@@ -161,6 +257,7 @@ class RunResult:
     summary: Mapping[str, Any]
     roofline: Roofline | None
     telemetry: TelemetryInfo
+    client: ClientLoad | None = None  # openai backend: the client's own CPU, its shard
 
 
 def to_dict(result: RunResult) -> dict[str, Any]:
@@ -267,8 +364,46 @@ def _migrate_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _migrate_v3(data: dict[str, Any]) -> dict[str, Any]:
-    """Version 3 → 4: the keys version 4 added, with what they meant in a version-3 run."""
-    return {**data}
+    """Version 3 → 4: the keys version 4 added, with what they meant in a version-3 run.
+
+    `spec`: the spec fields version 4 added, at their defaults (`_spec_with_defaults`);
+    `provenance.shared_prefix_tokens` and `provenance.kv_cache`: null (not recorded; a
+    version-3 engine kept K/V in the model's dtype); `roofline.weights`: the `dtype` for
+    an engine's roofline (it ran its own weights), null for an estimated one (a server's
+    storage was not known); `client`: null (the client's CPU was not measured);
+    `provenance.quantize` and `roofline.lm_head_bytes_per_param`: null (a version-3 engine
+    ran every weight in its dtype); `provenance.moe_offload`: null (nothing was offloaded).
+    """
+    data = {**data}
+    if isinstance(data.get("spec"), dict):
+        data["spec"] = _spec_with_defaults(data["spec"])
+    if isinstance(data.get("provenance"), dict):
+        data["provenance"] = {
+            "shared_prefix_tokens": None,
+            "kv_cache": None,
+            "quantize": None,
+            "moe_offload": None,
+            **data["provenance"],
+        }
+    roofline = data.get("roofline")
+    if isinstance(roofline, dict):
+        weights = None if roofline.get("is_estimated") else roofline.get("dtype")
+        data["roofline"] = {"weights": weights, "lm_head_bytes_per_param": None, **roofline}
+    data.setdefault("client", None)
+    return data
+
+
+def _spec_with_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+    """An older run's spec with the fields later versions added at their defaults (what that
+    run did), so that `compare` sees the same benchmark where nothing but the version changed;
+    as it was when it no longer reads as a spec."""
+    from llmbench.harness.spec import spec_from_dict
+
+    try:
+        filled = spec_from_dict(spec, "spec").to_dict()
+    except UserError:
+        return spec
+    return json.loads(json.dumps(filled))  # as the file holds it: lists, not tuples
 
 
 def from_plain(cls: type, data: Any, where: str) -> Any:

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from llmbench.harness.cost_model import StepShape, decode_cost, step_cost
+from llmbench.harness.cost_model import DraftModel, StepShape, decode_cost, draft_cost, step_cost
+from llmbench.harness.hardware import exceeds_ceiling_line
 
 if TYPE_CHECKING:  # type hints only: `llmbench report` must run without the engine
     from llmbench.engine.config import ModelConfig
@@ -30,13 +31,20 @@ def cost_steps(
     steps: Sequence[Any],
     weight_bytes_per_param: float,
     kv_bytes_per_elem: float,
+    draft: DraftModel | None = None,
+    lm_head_bytes_per_param: float | None = None,
 ) -> list[dict[str, Any]]:
     """Every engine step as a roofline point: the record's fields plus `phase`, `num_seqs`,
     `flops` and `bytes` (what `step_cost` says the step computed and moved).
 
     Each step is anything with `t_start_ns`, `t_end_ns`, `context_lens`, `query_lens`,
     `num_prefill_tokens`, `num_decode_seqs` (a `StepRecord`): a sequence that ran q tokens
-    ending at context c is a chunk starting at c - q.
+    ending at context c is a chunk starting at c - q. A step's `experts_touched` (MoE: distinct
+    experts per layer) and `link_bytes` (offloaded weights fetched) are costed when it has them.
+    Speculative decoding: the `num_proposed_tokens` draft rows it verified need logits too, and
+    the `draft_passes` of a draft model (`draft`) are added to the step's FLOPs and bytes
+    and shown apart as `draft_flops` and `draft_bytes`. A quantised model's lm_head has its own
+    `lm_head_bytes_per_param` (`cost_model.loaded_bytes_per_param`).
     """
     points = []
     for step in steps:
@@ -46,16 +54,23 @@ def cost_steps(
             ),
             weight_bytes_per_param=weight_bytes_per_param,
             kv_bytes_per_elem=kv_bytes_per_elem,
+            experts_touched=tuple(getattr(step, "experts_touched", ())),
+            link_bytes=getattr(step, "link_bytes", 0),
+            num_draft_tokens=getattr(step, "num_proposed_tokens", 0),
+            lm_head_bytes_per_param=lm_head_bytes_per_param,
         )
         cost = step_cost(config, shape)
         fields = dataclasses.asdict(step) if dataclasses.is_dataclass(step) else vars(step)
+        passes = getattr(step, "draft_passes", ())
+        drafted = draft_cost(draft, passes) if draft is not None and passes else None
         points.append(
             {
                 **fields,
                 "phase": step_phase(step.num_prefill_tokens, step.num_decode_seqs),
                 "num_seqs": len(step.context_lens),
-                "flops": cost.flops,
-                "bytes": cost.bytes,
+                "flops": cost.flops + (drafted.flops if drafted else 0.0),
+                "bytes": cost.bytes + (drafted.bytes if drafted else 0.0),
+                **({"draft_flops": drafted.flops, "draft_bytes": drafted.bytes} if drafted else {}),
             }
         )
     return points
@@ -142,6 +157,8 @@ def phase_utilization(
 
     Formula: MBU = Σ bytes / Σ seconds / peak read bandwidth;
              MFU = Σ FLOPs / Σ seconds / peak FLOP/s (sums over the phase's points).
+    An MBU or MFU above 1 is None instead: the roof is wrong, not the run
+    (`ceiling_warnings` says so).
     """
     totals: dict[str, list[float]] = {}
     for point in points:
@@ -159,8 +176,43 @@ def phase_utilization(
             "seconds": seconds,
             "bytes_per_s": num_bytes / seconds,
             "flops_per_s": flops / seconds,
-            "mbu": num_bytes / seconds / peak_read_bytes_per_s if peak_read_bytes_per_s else None,
-            "mfu": flops / seconds / peak_flops_per_s if peak_flops_per_s else None,
+            "mbu": _utilization(num_bytes / seconds, peak_read_bytes_per_s),
+            "mfu": _utilization(flops / seconds, peak_flops_per_s),
             "arithmetic_intensity": flops / num_bytes if num_bytes else None,
         }
     return out
+
+
+def _utilization(achieved_per_s: float, peak_per_s: float | None) -> float | None:
+    """achieved / peak, or None without a peak or above it (a stale or wrong ceiling)."""
+    if not peak_per_s or achieved_per_s > peak_per_s:
+        return None
+    return achieved_per_s / peak_per_s
+
+
+def ceiling_warnings(
+    phases: dict[str, dict[str, float | None]],
+    peak_read_bytes_per_s: float | None,
+    peak_flops_per_s: float | None,
+    label: str = "measured",
+) -> list[str]:
+    """A line per phase (`phase_utilization`) whose achieved bandwidth or FLOP/s exceeds its
+    roof, where a utilisation above 1 would otherwise be printed. Against measured roofs the
+    ceiling is stale or wrong; against a datasheet's (`label` "datasheet <name>", a remote
+    server) the bytes or FLOPs assumed are."""
+    lines = []
+    for name, phase in phases.items():
+        for what, achieved, peak, unit in (
+            ("bandwidth", phase["bytes_per_s"], peak_read_bytes_per_s, "GB/s"),
+            ("FLOP/s", phase["flops_per_s"], peak_flops_per_s, "GFLOP/s"),
+        ):
+            line = exceeds_ceiling_line(f"{name} {what}", achieved or 0.0, peak, unit, 1e9)
+            if line is not None and label.startswith("datasheet"):
+                line = (
+                    f"{name} {what} estimated at {(achieved or 0.0) / 1e9:.1f} {unit} > "
+                    f"{peak / 1e9:.1f} {unit} of the {label}: the weights' bytes assumed are "
+                    "too many (set backend.weights) or the server is not on that hardware"
+                )
+            if line is not None:
+                lines.append(line)
+    return lines

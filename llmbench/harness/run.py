@@ -20,19 +20,34 @@ from dataclasses import replace
 from pathlib import Path
 
 from llmbench.errors import BackendFailure, UserError
-from llmbench.harness import arrivals, provenance, run_roofs
+from llmbench.harness import (
+    arrivals,
+    client_load,
+    failures,
+    provenance,
+    run_roofs,
+    run_warnings,
+    shards,
+    summary_lines,
+)
+from llmbench.harness.backends.server_log import ServerLog
 from llmbench.harness.driver import DriveOptions, Driver
-from llmbench.harness.record_log import RecordLog, read_steps
+from llmbench.harness.experts import EXPERTS_FILE, snapshots_of
+from llmbench.harness.record_log import RecordLog, read_steps, rewrite_requests
 from llmbench.harness.results import (
     RESULTS_FILE,
+    KVCacheInfo,
+    MoEOffloadInfo,
     RunResult,
     TelemetryInfo,
+    to_dict,
     write_results,
 )
 from llmbench.harness.run_repetitions import Repetitions, salt
 from llmbench.harness.run_signals import RunInterrupted, StopSignals, signal_name
 from llmbench.harness.run_summary import START_FILE, finish
 from llmbench.harness.spec import RunSpec
+from llmbench.harness.speculative_stats import format_speculative
 from llmbench.harness.spread import metric_value
 from llmbench.harness.telemetry import Telemetry
 from llmbench.harness.telemetry import summarize as summarize_telemetry
@@ -41,25 +56,50 @@ from llmbench.harness.workloads import Session, Tokens, build_sessions, sessions
 NOT_FINISHED = "not finished: the run was under way when this was written"
 
 
-def execute(spec: RunSpec, out_dir: Path | None, write_reports: Callable[[Path], object]) -> Path:
+def execute(
+    spec: RunSpec,
+    out_dir: Path | None,
+    write_reports: Callable[[Path], object],
+    *,
+    is_strict: bool = False,
+    shard: shards.Shard | None = None,
+) -> Path:
     """Run the spec (every sweep point) and write the run folder; returns its path.
 
     `write_reports(folder)` renders the reports of a finished run or sweep folder (the reports
     layer sits above this one, so the caller hands it in). A signal ends the run with its
     results saved, then raises `RunInterrupted`; an engine crash likewise, then re-raises its
-    `BackendFailure`; a folder that cannot be written is a `UserError` before any work.
+    `BackendFailure`; a folder that cannot be written is a `UserError` before any work. A run
+    (or sweep point) whose measured requests all failed, or with `is_strict` more of them than
+    `spec.max_failed_fraction`, raises `RunFailed` once everything is written. With `shard`,
+    only that shard of the schedule runs (`--shard i/N`; `llmbench merge` joins the shards).
     """
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = out_dir or Path(spec.output_dir) / f"{spec.name}-{stamp}"
     prepare_folder(root)
+    quality = None
+    if spec.quality is not None:  # once per run, before the workload: every point shows it
+        from llmbench.harness import quality as run_quality
+
+        quality = run_quality.of_run(spec, lambda line: print(line, file=sys.stderr, flush=True))
     with StopSignals() as stop:
         if not spec.load.sweep:
-            return _execute_point(spec, root, None, write_reports, stop)
+            folder, verdict = _execute_point(
+                spec, root, None, write_reports, stop, is_strict, shard, quality
+            )
+            if verdict is not None:
+                raise failures.RunFailed(verdict)
+            return folder
+        verdicts = []
         try:
             for value in arrivals.sweep_points(list(spec.load.sweep)):
                 folder = root / f"point-{value:g}"
                 prepare_folder(folder)
-                _execute_point(spec, folder, value, write_reports, stop)
+                _, verdict = _execute_point(
+                    spec, folder, value, write_reports, stop, is_strict, shard, quality
+                )
+                if verdict is not None:
+                    verdicts.append(f"point-{value:g}: {verdict}")
         except (RunInterrupted, BackendFailure):
             if any(root.glob(f"point-*/{RESULTS_FILE}")):
                 with stop.saving():
@@ -69,6 +109,8 @@ def execute(spec: RunSpec, out_dir: Path | None, write_reports: Callable[[Path],
             write_reports(root)
     if stop.signum is not None:
         raise RunInterrupted(stop.signum)
+    if verdicts:
+        raise failures.RunFailed("; ".join(verdicts))
     return root
 
 
@@ -93,7 +135,24 @@ def _execute_point(
     point: float | None,
     write_reports: Callable[[Path], object],
     stop: StopSignals,
-) -> Path:
+    is_strict: bool,
+    shard: shards.Shard | None = None,
+    quality: dict | None = None,
+) -> tuple[Path, str | None]:
+    """Run one point and write its folder; returns it and why the run fails (`RunFailed`),
+    None when it does not. `shard`: run only that shard's sessions (a worker, `--shard`).
+    `quality`: the run's `summary.quality` (`RunSpec.quality`), measured once by `execute`."""
+    if spec.load.workers > 1 and shard is None:
+        from llmbench.harness import run_workers
+
+        return run_workers.execute_point(
+            spec, folder, point, write_reports, stop, is_strict, quality
+        )
+    server_log = None  # the server's log, from here: its timings of this run's requests
+    if spec.backend.server_log is not None:
+        if shard is not None:
+            raise UserError("backend.server_log: not read by a sharded run (--shard); drop it")
+        server_log = ServerLog(spec.backend.server_log)
     backend, tokenizer, model_config = _open_backend(spec)
     measured = run_roofs.measured_roofs(spec, backend)
     roof_setup, cost_step = run_roofs.roofline_setup(spec, backend, model_config, measured)
@@ -104,17 +163,32 @@ def _execute_point(
     ]
     warm_spec = replace(spec.workload, sessions=spec.warmup_requests)
     warmup = build_sessions(warm_spec, spec.seed, tokens, salt="warmup-")
-    for stale in (RESULTS_FILE, START_FILE):  # a reused folder: nothing left of the last run
+    for stale in (RESULTS_FILE, START_FILE, EXPERTS_FILE):  # a reused folder: nothing left
         (folder / stale).unlink(missing_ok=True)
     log = RecordLog(folder, cost_step)
     if spec.backend.kind == "engine":
         backend.record_steps(log.step)
     options = DriveOptions(spec.backend.api == "chat", spec.temperature, spec.ignore_eos)
-    repetitions = Repetitions(backend, tokenizer, options, log, workloads)
+    # A mixture of experts: its routing statistics, snapshotted as each repetition starts.
+    expert_log = snapshots_of(backend.engine, folder) if spec.backend.kind == "engine" else None
+    on_start = expert_log.start_repetition if expert_log is not None else None
+    own_workloads = [shards.pick(sessions, shard) for sessions in workloads]
+    repetitions = Repetitions(backend, tokenizer, options, log, own_workloads, on_start)
     spec_dict = json.loads(json.dumps(spec.to_dict()))  # plain JSON values, as read back
     own_pids = (
         provenance.local_server_pids(spec.backend.url) if spec.backend.kind == "openai" else []
     )
+    shared_tokens = None  # a server may hold a prefix cache from before the run: worth a check
+    if spec.backend.kind == "openai":
+        sent = [*warmup, *(session for sessions in workloads for session in sessions)]
+        shared_tokens = run_warnings.first_turn_shared_tokens(sent, tokenizer)
+    meter, client = None, None
+    if spec.backend.kind == "openai":  # the client's own CPU: it may be the bottleneck
+        meter = client_load.ClientMeter(own_pids)
+        index, count = (shard.index, shard.count) if shard else (None, 1)
+        client = client_load.start_block(index, count, shards.clock_anchor())
+        if shard is not None:
+            shard = replace(shard, start_at=meter.starting(shard.start_at))
     failure: BackendFailure | None = None
     with (
         provenance.LoadMonitor(own_pids=own_pids) as monitor,
@@ -127,17 +201,24 @@ def _execute_point(
             is_rebuilt=False,
             sweep_point=point,
             spec=spec_dict,
-            provenance=provenance.collect(
-                spec_dict,
-                spec.hash(),
-                sessions_hash(workloads[0]),
-                provenance.device_of(spec.backend.kind, backend, spec.backend.url),
-                monitor.load(),
-                measured,
+            provenance=replace(
+                provenance.collect(
+                    spec_dict,
+                    spec.hash(),
+                    sessions_hash(workloads[0]),
+                    provenance.device_of(spec.backend.kind, backend, spec.backend.url),
+                    monitor.load(),
+                    measured,
+                ),
+                shared_prefix_tokens=shared_tokens,
+                kv_cache=_kv_cache_info(backend) if spec.backend.kind == "engine" else None,
+                quantize=_quantize_name(backend) if spec.backend.kind == "engine" else None,
+                moe_offload=_moe_offload_info(backend) if spec.backend.kind == "engine" else None,
             ),
             summary={},
             roofline=roof_setup,
             telemetry=TelemetryInfo(telemetry.interval_s, tuple(telemetry.notes)),
+            client=client,
         )
         try:
             asyncio.run(
@@ -145,10 +226,12 @@ def _execute_point(
                     repetitions,
                     backend,
                     spec,
-                    warmup,
+                    shards.pick(warmup, shard),
                     point,
                     stop,
                     on_started=lambda: write_results(folder, start, START_FILE),
+                    shard=shard,
+                    meter=meter,
                 )
             )
         except asyncio.CancelledError:
@@ -162,6 +245,8 @@ def _execute_point(
         if spec.backend.kind == "engine":
             backend.record_steps(None)
         repetitions.close()
+        if expert_log is not None:
+            expert_log.write(repetitions.num_whole)
         records = repetitions.records
         points = None
         if spec.backend.kind == "openai" and roof_setup is not None:
@@ -172,6 +257,10 @@ def _execute_point(
                     points.append({**p, "repetition": number})
                     log.point(points[-1])
         log.close()
+        log_warnings: list[str] = []
+        if server_log is not None:
+            records, log_warnings = server_log.attach(records)
+            rewrite_requests(folder, records)
         if stop.signum is not None:
             print("\ninterrupted: saving what was measured", file=sys.stderr)
             reason: str | None = signal_name(stop.signum)
@@ -192,6 +281,13 @@ def _execute_point(
             num_repetitions=repetitions.num_started,
             num_whole_repetitions=repetitions.num_whole,
         )
+        if log_warnings:
+            warnings = [*result.summary["warnings"], *log_warnings]
+            result = replace(result, summary={**result.summary, "warnings": warnings})
+        if meter is not None:
+            result = client_load.attach(result, meter.block(client))
+        if quality is not None:  # `llmbench quality` of the run's configuration
+            result = replace(result, summary={**result.summary, "quality": quality})
         write_results(folder, result)
         (folder / START_FILE).unlink(missing_ok=True)  # results.json has all it had
         print(format_summary(result), file=sys.stderr if point is not None else sys.stdout)
@@ -201,7 +297,7 @@ def _execute_point(
         raise failure
     if stop.signum is not None:
         raise RunInterrupted(stop.signum)
-    return folder
+    return folder, failures.failure_verdict(result.summary, spec.max_failed_fraction, is_strict)
 
 
 def _open_backend(spec: RunSpec):
@@ -209,9 +305,14 @@ def _open_backend(spec: RunSpec):
     the model's config (for the roofline)."""
     if spec.backend.kind == "engine":
         from llmbench.engine.engine import EngineConfig
+        from llmbench.engine.kv_dtype import KVCacheDtype
+        from llmbench.engine.speculative import SpeculativeConfig
         from llmbench.harness.backends.engine import EngineBackend
+        from llmbench.harness.moe_offload import engine_offload
 
         e = spec.engine
+        kv = e.kv_cache_dtype
+        kv_cache_dtype = KVCacheDtype(kv, kv) if isinstance(kv, str) else KVCacheDtype(kv.k, kv.v)
         backend = EngineBackend(
             EngineConfig(
                 model=spec.model,
@@ -223,6 +324,16 @@ def _open_backend(spec: RunSpec):
                 max_num_seqs=e.max_num_seqs,
                 enable_prefix_caching=e.prefix_caching,
                 num_threads=e.threads,
+                kv_cache_dtype=kv_cache_dtype,
+                quantize=e.quantize,
+                speculative=SpeculativeConfig(
+                    method=e.speculative.method,
+                    num_tokens=e.speculative.num_tokens,
+                    ngram_min=e.speculative.ngram_min,
+                    ngram_max=e.speculative.ngram_max,
+                    draft_model=e.speculative.draft_model,
+                ),
+                moe_offload=engine_offload(e.moe_offload, spec.device) if e.moe_offload else None,
             )
         )
         return backend, backend.engine.tokenizer, backend.engine.model_config
@@ -237,12 +348,45 @@ def _open_backend(spec: RunSpec):
             model=spec.backend.served_model,
             count_tokens=lambda text: len(tokenizer.encode(text)),
             timeout_s=spec.backend.timeout_s,
+            headers=spec.backend.headers,
+            request_id_header=spec.backend.request_id_header,
         )
         return backend, tokenizer, weights.config
     from llmbench.harness.backends.transformers import TransformersBackend
 
     backend = TransformersBackend(spec.model, spec.dtype, spec.engine.threads)
     return backend, backend.tokenizer, None
+
+
+def _kv_cache_info(backend) -> KVCacheInfo:
+    """The engine's K/V cache as the run uses it: formats, real bytes per token, tokens held."""
+    kv = backend.engine.kv_cache
+    return KVCacheInfo(
+        kv.kv_dtype.k, kv.kv_dtype.v, kv.bytes_per_token, kv.num_tokens, kv.num_bytes
+    )
+
+
+def _moe_offload_info(backend) -> MoEOffloadInfo | None:
+    """The engine's expert offloading as it runs (None: every expert resident)."""
+    offload = backend.engine.expert_offload
+    if offload is None:
+        return None
+    c = offload.config
+    return MoEOffloadInfo(
+        c.num_resident,
+        c.num_cached,
+        c.is_simulated,
+        c.link_bytes_per_s,
+        c.sleep,
+        offload.expert_bytes,
+        c.usage_profile,
+    )
+
+
+def _quantize_name(backend) -> str | None:
+    """The engine's weight quantization as `parse_quantize` reads it back (None: none)."""
+    scheme = backend.engine.quantize
+    return None if scheme is None else scheme.name
 
 
 async def _drive(
@@ -253,6 +397,8 @@ async def _drive(
     point: float | None,
     stop: StopSignals,
     on_started: Callable[[], object],
+    shard: shards.Shard | None = None,
+    meter: client_load.ClientMeter | None = None,
 ) -> None:
     stop.attach()
     try:
@@ -262,7 +408,12 @@ async def _drive(
             raise UserError(f"backend {spec.backend.kind}: {e}") from None
         on_started()
         await repetitions.warm_up(warmup)
-        await repetitions.run(lambda driver, sessions: _measure(driver, spec, sessions, point))
+
+        def measure(driver: Driver, sessions: list[Session]):
+            work = _measure(driver, spec, sessions, point, shard)
+            return work if meter is None else meter.measure(work)
+
+        await repetitions.run(measure)
     finally:
         try:
             await backend.close()
@@ -270,14 +421,25 @@ async def _drive(
             stop.drive_ended()
 
 
-async def _measure(driver: Driver, spec: RunSpec, sessions: list[Session], point: float | None):
-    """One repetition of the workload under the spec's load pattern (or the sweep's `point`)."""
+async def _measure(
+    driver: Driver,
+    spec: RunSpec,
+    sessions: list[Session],
+    point: float | None,
+    shard: shards.Shard | None = None,
+):
+    """One repetition of the workload under the spec's load pattern (or the sweep's `point`).
+
+    A shard's `sessions` are its own; its arrivals are theirs in the whole schedule, its closed
+    loop its share of the concurrency (`shards`)."""
     load = spec.load
+    start_at = shard.start_at if shard is not None else None
     if load.kind == "concurrency":
-        await driver.run_closed_loop(sessions, int(point or load.concurrency))
+        concurrency = shards.concurrency_of(int(point or load.concurrency), shard)
+        await driver.run_closed_loop(sessions, concurrency, start_at)
         return
     rate = point or load.rate_per_s
-    n = len(sessions)
+    n = spec.workload.sessions  # the whole schedule's sessions
     if load.kind == "constant":
         offsets = arrivals.constant_offsets(rate, n)
     elif load.kind == "poisson":
@@ -285,20 +447,18 @@ async def _measure(driver: Driver, spec: RunSpec, sessions: list[Session], point
     elif load.kind == "gamma":
         offsets = arrivals.gamma_offsets(rate, load.burstiness, n, spec.seed)
     else:
-        offsets = arrivals.trace_offsets(Path(load.trace))
-        if len(offsets) < n:
-            sessions = sessions[: len(offsets)]
-        offsets = offsets[: len(sessions)]
-    await driver.run_open_loop(sessions, offsets)
+        offsets = arrivals.trace_offsets(Path(load.trace))[:n]
+    offsets = shards.pick(offsets, shard)
+    sessions = sessions[: len(offsets)]  # a trace shorter than the workload
+    await driver.run_open_loop(sessions, offsets, start_at)
 
 
 def format_summary(result: RunResult) -> str:
     """The table printed after a run (also what `report.md` will start from)."""
-    s, p = result.summary, result.provenance
+    s = result.summary
     header = (
-        f"{result.name}: {p.backend} {p.model} {p.dtype} on "
-        f"{p.device.name or p.device.url or '?'} - {s['num_completed']} requests completed, "
-        f"{s['num_failed']} failed in {s['duration_s'] or 0:.1f} s"
+        f"{result.name}: {summary_lines.what_ran(to_dict(result))} - {s['num_completed']} requests "
+        f"completed, {s['num_failed']} failed in {s['duration_s'] or 0:.1f} s"
     )
     lines = [
         header,
@@ -318,8 +478,12 @@ def format_summary(result: RunResult) -> str:
         f"req/s; goodput {_rate(s['goodput_request_per_s'], '.2f')} req/s; "
         f"prefix-cache hit rate {'-' if hit is None else f'{hit:.2f}'}"
     )
+    lines += summary_lines.server_client_lines(s)
     roof = result.roofline
-    estimated = " (estimated from the client)" if roof and roof.is_estimated else ""
+    estimated = ""
+    if roof is not None and roof.is_estimated:
+        guess = f"; bytes assume {roof.dtype} weights: set backend.weights"
+        estimated = f" (estimated from the client{'' if roof.weights else guess})"
     if roof is not None and roof.roofs is not None:
         r = roof.roofs
         mbu, mfu = s.get("decode_mbu"), s.get("prefill_mfu")
@@ -341,19 +505,17 @@ def format_summary(result: RunResult) -> str:
             f"(waiting on the model {sessions['mean_model_wait_s']:.1f} s, on tools "
             f"{sessions['mean_tool_wait_s']:.1f} s)"
         )
-    if s.get("machine_busy"):
-        load = p.machine_load
-        lines.append(
-            f"WARNING: the machine was busy: other processes used "
-            f"{load.other_processes_cores_before} cores just before the run and "
-            f"{load.other_processes_cores} during it (of {load.cpu_count}); "
-            f"the numbers are pessimistic"
-        )
+    client = client_load.summary_line(result.client)
+    if client is not None:
+        lines.append(client)
+    if s.get("speculative"):
+        lines.append(format_speculative(s["speculative"]))
     repetitions = format_repetitions(result)
     if repetitions:
         lines.append(repetitions)
     if result.interrupted:
         lines.append(f"interrupted ({result.stop_reason}): partial results")
+    lines += summary_lines.warning_lines(s)
     return "\n".join(lines)
 
 

@@ -45,8 +45,12 @@ class Repetitions:
         options: DriveOptions,
         log: RecordLog,
         workloads: list[list[Session]],
+        on_start: Callable[[int], object] | None = None,
     ):
         self.backend, self.tokenizer, self.options, self.log = backend, tokenizer, options, log
+        # Called with each repetition's number as it starts, before its first request (the
+        # backend is idle then: the warm-up's or the last repetition's requests have all ended).
+        self.on_start = on_start
         self.workloads = workloads  # repetition k's sessions at index k - 1
         self.records: list[RequestRecord] = []
         self.sessions: list[SessionStats] = []
@@ -70,6 +74,8 @@ class Repetitions:
             )
             progress = Progress(sum(len(s.turns) for s in sessions), label)
             self.num_started = number
+            if self.on_start is not None:
+                self.on_start(number)
             self.log.start_repetition(number, time.perf_counter_ns())
             self._driver = self._new_driver(number, progress)
             await measure(self._driver, sessions)

@@ -15,6 +15,7 @@ from llmbench.errors import UserError
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import HardwareCeilings, Roofline, Roofs, from_plain
 from llmbench.harness.spec import RunSpec
+from llmbench.harness.speculative_stats import draft_model_of
 
 
 class _RoofsProgress:
@@ -105,15 +106,24 @@ def roofline_setup(
     if spec.backend.kind == "engine":
         engine = backend.engine
         dtype = str(engine.dtype).removeprefix("torch.")
-        elem_bytes = engine.dtype.itemsize
+        # The loaded weights' own bytes: a quantised model's codes, scales and zero points.
+        elem_bytes, lm_head_bytes = cost_model.loaded_bytes_per_param(
+            model_config, engine.model.weight_bytes
+        )
+        engine_weights = weights_label(engine, dtype)
+        kv_elem_bytes = engine.kv_cache.bytes_per_elem  # its K/V formats, scales included
+
+        draft = draft_model_of(engine)  # speculative decoding's draft model, if any
 
         def cost_step(step: Any) -> dict[str, Any]:
-            return roofline.cost_steps(model_config, [step], elem_bytes, elem_bytes)[0]
+            return roofline.cost_steps(
+                model_config, [step], elem_bytes, kv_elem_bytes, draft, lm_head_bytes
+            )[0]
 
         sheet_name = hardware.datasheet_name_of(measured.device) if measured else None
     elif spec.backend.kind == "openai":
         dtype = spec.dtype
-        elem_bytes = cost_model.BYTES_PER_ELEM[dtype]
+        elem_bytes = kv_elem_bytes = cost_model.BYTES_PER_ELEM[dtype]
         sheet_name = spec.backend.hardware if spec.backend.hardware != "measured" else None
     else:
         return None, None
@@ -129,20 +139,24 @@ def roofline_setup(
         )
     roofs = _measured_roofs(measured, dtype, datasheet_roofs) if measured else None
     is_engine = spec.backend.kind == "engine"
+    weight_bytes, weights = (elem_bytes, engine_weights) if is_engine else server_weights(spec)
     setup = Roofline(
         is_estimated=not is_engine,
         method=(
             "every engine step costed by the cost model"
             if is_engine
             else "decode estimated from the client: a step per inter-token gap, batch = "
-            "streams in decode, context from the requests"
+            "streams in decode, context from the requests; weights "
+            + (weights or f"unknown (the bytes assume {dtype}: set backend.weights)")
         ),
         dtype=dtype,
-        weight_bytes_per_param=elem_bytes,
-        kv_bytes_per_elem=elem_bytes,
+        weight_bytes_per_param=weight_bytes,
+        kv_bytes_per_elem=kv_elem_bytes,
         # MBU/MFU against the measured roofs; a remote server's only roofs may be its datasheet's.
         roofs=roofs or datasheet_roofs,
         datasheet_roofs=datasheet_roofs,
+        weights=weights,
+        lm_head_bytes_per_param=lm_head_bytes if is_engine else None,
     )
     return setup, cost_step
 
@@ -168,10 +182,37 @@ def _measured_roofs(measured: HardwareCeilings, dtype: str, datasheet_roofs: Roo
     )
 
 
+def weights_label(engine, dtype: str) -> str:
+    """How the engine stores its weights: `dtype`, or its quantization (`int4:32, lm_head
+    int8`; the embedding and norms stay in `dtype`)."""
+    from llmbench.engine.quant.scheme import lm_head_scheme
+
+    if engine.quantize is None:
+        return dtype
+    return f"{engine.quantize.name}, lm_head {lm_head_scheme(engine.quantize).name}"
+
+
+def server_weights(spec: RunSpec) -> tuple[float, str | None]:
+    """A server's weight bytes per parameter for its estimated roofline, and how they are
+    stored: `backend.weights` (a storage name), else `backend.weights_bytes_per_param` ("0.6
+    bytes/param"), else unknown (None): the bytes then assume the spec's `dtype`."""
+    from llmbench.harness import cost_model
+
+    backend = spec.backend
+    if backend.weights is not None:
+        return cost_model.BYTES_PER_ELEM[backend.weights], backend.weights
+    if backend.weights_bytes_per_param is not None:
+        size = backend.weights_bytes_per_param
+        return size, f"{size:g} bytes/param"
+    return cost_model.BYTES_PER_ELEM[spec.dtype], None
+
+
 def estimated_points(spec: RunSpec, model_config, records: list[RequestRecord]) -> list[dict]:
-    """The openai backend's decode roofline points, estimated from the client's token times."""
+    """The openai backend's decode roofline points, estimated from the client's token times:
+    the weights' bytes as `server_weights` says, the KV cache's as the spec's `dtype`."""
     from llmbench.harness import cost_model, roofline
 
-    elem_bytes = cost_model.BYTES_PER_ELEM[spec.dtype]
+    weight_bytes, _ = server_weights(spec)
+    kv_bytes = cost_model.BYTES_PER_ELEM[spec.dtype]
     ok = [r for r in records if not r.is_warmup]
-    return roofline.estimate_decode_steps(model_config, ok, elem_bytes, elem_bytes)
+    return roofline.estimate_decode_steps(model_config, ok, weight_bytes, kv_bytes)

@@ -19,6 +19,8 @@ from typing import Any
 
 from llmbench.harness import metrics, record_log, roofline, telemetry
 from llmbench.harness.driver import SessionStats
+from llmbench.harness.experts import moe_summary
+from llmbench.harness.failures import DEFAULT_MAX_FAILED_FRACTION
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import (
     RESULTS_FILE,
@@ -30,6 +32,8 @@ from llmbench.harness.results import (
     read_results,
     write_results,
 )
+from llmbench.harness.run_warnings import run_warnings
+from llmbench.harness.speculative_stats import speculative_summary
 from llmbench.harness.spread import spread
 
 START_FILE = "run-start.json"
@@ -115,6 +119,8 @@ def _summary_of(
         summary["decode_mbu"] = phases.get("decode", {}).get("mbu")
         summary["prefill_mfu"] = phases.get("prefill", {}).get("mfu")
         summary["roofline_is_estimated"] = roof.is_estimated
+    summary.update(moe_summary(points))  # a mixture of experts' routing: nothing when dense
+    summary["speculative"] = speculative_summary(points)  # None: speculation off
     return summary, phases
 
 
@@ -138,7 +144,8 @@ def finish(
     out); `summary.repetitions` has one summary per repetition from 1 to the last one started
     (`num_repetitions`, or the last that made a record; at least 1), each `is_partial` past the
     first `num_whole_repetitions`; `summary.spread` is over the whole ones only (a repetition
-    cut short is not noise).
+    cut short is not noise). `summary.warnings` lists what makes the numbers less than clean
+    (`run_warnings`), one line each.
     """
     slo = dict(start.spec.get("slo") or {})
     is_busy = load.is_busy
@@ -164,6 +171,19 @@ def finish(
         )
     summary["repetitions"] = repetitions
     summary["spread"] = spread([r for r in repetitions if not r["is_partial"]])
+    summary["warnings"] = run_warnings(
+        records,
+        summary,
+        load,
+        backend=start.provenance.backend,
+        max_failed_fraction=start.spec.get("max_failed_fraction", DEFAULT_MAX_FAILED_FRACTION),
+        shared_tokens=start.provenance.shared_prefix_tokens,
+    )
+    roofs = start.roofline.roofs if start.roofline is not None else None
+    if roofs is not None:  # an achieved rate above its roof: no MBU/MFU, this line instead
+        summary["warnings"] += roofline.ceiling_warnings(
+            phases, roofs.read_bytes_per_s, roofs.flops_per_s, roofs.label
+        )
     roof = start.roofline
     if roof is not None:
         roof = dataclasses.replace(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import string
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from typing import Any, Literal
 import yaml
 
 from llmbench.errors import UserError
+from llmbench.harness import shards
+from llmbench.harness.cost_model import BYTES_PER_ELEM
 from llmbench.harness.hardware import HARDWARE, datasheet
 from llmbench.harness.metrics import SLO_METRICS
 from llmbench.harness.yaml_source import SpecError, located, read_yaml
@@ -76,6 +79,64 @@ class BackendSpec:
     # openai: what the server runs on, for its estimated roofline: "measured" (this machine's
     # measured CPU roofs: a server on loopback) or a datasheet name such as "h100-sxm".
     hardware: str | None = None
+    # openai: how the server stores its weights, for the bytes of its estimated roofline: a
+    # storage name of `cost_model.BYTES_PER_ELEM` ("q4_1", "int8", "fp8", "bfloat16", ...) or
+    # bytes per parameter; neither: unknown (the bytes then assume `dtype`, and say so).
+    weights: str | None = None
+    weights_bytes_per_param: float | None = None
+    # openai: extra HTTP headers sent with every request (they are kept in results.json with
+    # the spec: no secrets here), and a header to send a fresh UUID4 in per request (e.g.
+    # "X-Request-Id"); none by default, as a server may refuse ids it did not expect.
+    headers: dict[str, str] = field(default_factory=dict)
+    request_id_header: str | None = None
+    # openai: the server's log file (its stderr), for servers that print their per-request
+    # timings there instead of sending them (llama-cpp-python's server prints llama.cpp's
+    # perf blocks); what it writes during the run is read at the end and matched to requests.
+    server_log: str | None = None
+
+
+# A K/V cache storage format: auto (the model's dtype), a float dtype, int8 or int4.
+KVFormat = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
+
+
+@dataclass(frozen=True)
+class KVCacheDtypeSpec:
+    """The K/V cache's storage, keys (`k`) and values (`v`) apart."""
+
+    k: KVFormat = "auto"
+    v: KVFormat = "auto"
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """Speculative decoding in the built-in engine: `none`, `ngram` (prompt lookup: copy what
+    followed the longest recent n-gram, n from `ngram_max` down to `ngram_min`), or `draft` (a
+    draft model with the target's tokenizer: a model name, or the target made cheaper:
+    `self:layers=N`, its own first N layers, `self:quantize=SCHEME`, a quantised copy, or
+    both, `self:layers=N,quantize=SCHEME`)."""
+
+    method: Literal["none", "ngram", "draft"] = "none"
+    num_tokens: int = 4  # k: draft tokens verified per sequence and step
+    ngram_min: int = 2
+    ngram_max: int = 4
+    draft_model: str | None = None
+
+
+@dataclass(frozen=True)
+class MoEOffloadSpec:
+    """Expert offloading in the built-in engine (mixture-of-experts models): `resident` experts
+    per layer stay in device memory, the others are fetched over the host link when routed to,
+    the last `cache` fetched kept per layer (LRU). `link`: a host link of the hardware table
+    (pcie3-x16, pcie4-x16, pcie5-x16, or pcie3 / pcie4 / pcie5), a bandwidth (`25GB/s`), both
+    simulated, or `real` (CUDA: copies from pinned host memory); default: pcie4-x16 simulated
+    on a CPU, real on CUDA. `profile`: an experts.json whose most-routed experts stay resident
+    (default: the first `resident` ids). `sleep`: a simulated link also sleeps its time."""
+
+    resident: int = 0
+    cache: int = 0
+    link: str | None = None
+    profile: str | None = None
+    sleep: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +147,14 @@ class EngineSpec:
     prefix_caching: bool = True
     kv_cache_memory: float | None = None
     threads: int | None = None
+    # One format for keys and values (`int8`), or each its own (`{k: bfloat16, v: int8}`).
+    kv_cache_dtype: KVFormat | KVCacheDtypeSpec = "auto"
+    speculative: SpeculativeSpec = field(default_factory=SpeculativeSpec)
+    # Weight-only quantization of the linear layers at load: int8, int4[:group][:sym]; null
+    # or none: the weights stay in `dtype`.
+    quantize: str | None = None
+    # Mixture of experts: offload all but `resident` experts per layer (null: all resident).
+    moe_offload: MoEOffloadSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +213,7 @@ class ConcurrencyLoad:
     kind: Literal["concurrency"] = "concurrency"
     concurrency: int = 4
     sweep: tuple[float, ...] | None = None  # concurrencies: one result per point
+    workers: int = 1  # client processes the schedule is sharded across (openai backend)
 
 
 @dataclass(frozen=True)
@@ -153,6 +223,7 @@ class RateLoad:
     kind: Literal["constant", "poisson"] = "poisson"
     rate_per_s: float | None = None  # required unless `sweep` gives the rates
     sweep: tuple[float, ...] | None = None  # rates: one result per point
+    workers: int = 1  # client processes the schedule is sharded across (openai backend)
 
 
 @dataclass(frozen=True)
@@ -163,6 +234,7 @@ class GammaLoad:
     rate_per_s: float | None = None  # required unless `sweep` gives the rates
     burstiness: float = 1.0  # gamma shape; 1 = Poisson, < 1 burstier
     sweep: tuple[float, ...] | None = None  # rates: one result per point
+    workers: int = 1  # client processes the schedule is sharded across (openai backend)
 
 
 @dataclass(frozen=True)
@@ -171,6 +243,7 @@ class TraceLoad:
 
     kind: Literal["trace"] = "trace"
     trace: str | None = None  # required
+    workers: int = 1  # client processes the schedule is sharded across (openai backend)
 
     @property
     def rate_per_s(self) -> None:
@@ -184,6 +257,18 @@ class TraceLoad:
 
 
 LoadSpec = ConcurrencyLoad | RateLoad | GammaLoad | TraceLoad
+
+
+@dataclass(frozen=True)
+class QualitySpec:
+    """`llmbench quality` of the run's engine configuration (its K/V cache formats, its weight
+    quantisation) against the unquantised model, measured once per run before the workload;
+    the result goes to `summary.quality` of the run (of every point of a sweep)."""
+
+    text: str | None = None  # a UTF-8 file to score; None: Python's pydoc topics and source
+    tokens: int = 512  # tokens scored per text
+    context: int = 512  # tokens per scored window
+    generate: int = 16  # greedy tokens per prompt
 
 
 @dataclass(frozen=True)
@@ -205,15 +290,30 @@ class RunSpec:
     temperature: float = 0.0
     ignore_eos: bool = True  # lengths follow the spec, not the model's whims
     output_dir: str = "runs"
+    # Above this fraction of failed measured requests the run is flagged loudly (`--strict`:
+    # exit 1); a run where every measured request failed always exits 1.
+    max_failed_fraction: float = 0.05
+    # Quality of the run's engine configuration against the unquantised model (engine backend).
+    quality: QualitySpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        """sha256 of the canonical JSON of the spec: same spec, same hash. `repeat` is left
-        out: it says how many times the workload is measured, not what is measured, so runs
-        with different repetitions compare."""
-        fields = {k: v for k, v in self.to_dict().items() if k != "repeat"}
+        """sha256 of the canonical JSON of the spec: same spec, same hash. `repeat` and
+        `max_failed_fraction` are left out: they say how many times the workload is measured and
+        how its failures are judged, not what is measured, so such runs compare; so is
+        `load.workers`, how many client processes send the schedule, so that a sharded run and
+        its shards hash as the run itself does. `quality` adds a measurement beside the
+        workload, not a change to it: left out too; so is `backend.server_log`, where the
+        server's own timings are read from."""
+        fields = {
+            k: v
+            for k, v in self.to_dict().items()
+            if k not in ("repeat", "max_failed_fraction", "quality")
+        }
+        fields["load"] = {k: v for k, v in fields["load"].items() if k != "workers"}
+        fields["backend"] = {k: v for k, v in fields["backend"].items() if k != "server_log"}
         text = json.dumps(fields, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -242,6 +342,17 @@ def load_spec(path: Path, overrides: list[str] = ()) -> RunSpec:
         _check(spec)
     except SpecError as e:
         raise located(e, str(path), lines) from None
+    return spec
+
+
+def spec_from_dict(data: dict[str, Any], where: str) -> RunSpec:
+    """A spec as `RunSpec.to_dict` gave it (a results file's `spec`, a worker's), checked as a
+    YAML is; a problem is one line naming `where` and the key."""
+    try:
+        spec = _build(RunSpec, data, "")
+        _check(spec)
+    except SpecError as e:
+        raise UserError(f"{where}: {e}") from None
     return spec
 
 
@@ -369,6 +480,11 @@ def _check(spec: RunSpec) -> None:
     """Values that are well-typed but impossible."""
     _check_workload(spec.workload)
     _check_load(spec.load)
+    if spec.load.workers < 1:
+        raise SpecError("load.workers", f"must be >= 1, got {spec.load.workers}")
+    why = shards.problem(spec.backend.kind, spec.load, spec.workload.sessions, spec.load.workers)
+    if why is not None:
+        raise SpecError("load.workers", why)
     eng = spec.engine
     for path, value in {
         "engine.block_size": eng.block_size,
@@ -378,8 +494,13 @@ def _check(spec: RunSpec) -> None:
     }.items():
         if value <= 0:
             raise SpecError(path, f"must be > 0, got {value}")
+    _check_speculative(spec)
+    _check_quantize(eng.quantize)
+    _check_moe_offload(spec)
     if spec.repeat < 1:
         raise SpecError("repeat", f"must be >= 1, got {spec.repeat}")
+    if spec.quality is not None:
+        _check_quality(spec)
     for path, value in {
         "warmup_requests": spec.warmup_requests,
         "temperature": spec.temperature,
@@ -388,15 +509,122 @@ def _check(spec: RunSpec) -> None:
             raise SpecError(path, f"must be >= 0, got {value}")
     if spec.backend.kind == "openai" and not spec.backend.url:
         raise SpecError("backend.url", "required for backend kind 'openai'")
+    _check_headers(spec.backend)
+    if spec.backend.server_log is not None and spec.backend.kind != "openai":
+        raise SpecError("backend.server_log", "only for backend kind 'openai'")
+    if spec.backend.server_log is not None and spec.load.workers > 1:
+        raise SpecError("backend.server_log", "read by one client process: set load.workers 1")
     hardware = spec.backend.hardware
     if hardware is not None and hardware != "measured" and datasheet(hardware) is None:
         known = ", ".join(HARDWARE)
         raise SpecError("backend.hardware", f"unknown '{hardware}'; use measured or one of {known}")
+    _check_weights(spec)
+    if not 0 <= spec.max_failed_fraction <= 1:
+        raise SpecError(
+            "max_failed_fraction", f"must be between 0 and 1, got {spec.max_failed_fraction}"
+        )
     for key, limit in spec.slo.items():
         if key not in SLO_METRICS:
             raise SpecError(f"slo.{key}", f"unknown SLO; use {', '.join(SLO_METRICS)}")
         if limit <= 0:
             raise SpecError(f"slo.{key}", f"must be > 0, got {limit}")
+
+
+def _check_headers(backend: BackendSpec) -> None:
+    """Header names are HTTP tokens and values one line: else every request would fail."""
+    names = {f"backend.headers.{name}": name for name in backend.headers}
+    if backend.request_id_header is not None:
+        names["backend.request_id_header"] = backend.request_id_header
+    for path, name in names.items():
+        if not name or not set(name) <= _HEADER_NAME_CHARS:
+            raise SpecError(path, f"not an HTTP header name: {name!r}")
+    for name, value in backend.headers.items():
+        if "\r" in value or "\n" in value:
+            raise SpecError(f"backend.headers.{name}", "a header value must be one line")
+
+
+_HEADER_NAME_CHARS = set(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")  # RFC 9110
+
+
+def _check_weights(spec: RunSpec) -> None:
+    """`backend.weights` / `backend.weights_bytes_per_param`: at most one, for an openai server
+    (the built-in engine knows its own weights), a known storage name or a size > 0."""
+    b = spec.backend
+    values = {"weights": b.weights, "weights_bytes_per_param": b.weights_bytes_per_param}
+    given = [name for name, value in values.items() if value is not None]
+    if not given:
+        return
+    if b.kind != "openai":
+        reason = "only for backend kind 'openai' (the engine's weights are `dtype`)"
+        raise SpecError(f"backend.{given[0]}", reason)
+    if len(given) > 1:
+        raise SpecError("backend.weights_bytes_per_param", "give backend.weights or this, not both")
+    if b.weights is not None and b.weights not in BYTES_PER_ELEM:
+        known = ", ".join(BYTES_PER_ELEM)
+        raise SpecError("backend.weights", f"unknown '{b.weights}'; use one of {known}")
+    if b.weights_bytes_per_param is not None and b.weights_bytes_per_param <= 0:
+        raise SpecError(
+            "backend.weights_bytes_per_param", f"must be > 0, got {b.weights_bytes_per_param}"
+        )
+
+
+def _check_speculative(spec: RunSpec) -> None:
+    s = spec.engine.speculative
+    if s.num_tokens < 1:
+        raise SpecError("engine.speculative.num_tokens", f"must be >= 1, got {s.num_tokens}")
+    if not 1 <= s.ngram_min <= s.ngram_max:
+        raise SpecError(
+            "engine.speculative.ngram_min",
+            f"need 1 <= ngram_min <= ngram_max, got {s.ngram_min} and {s.ngram_max}",
+        )
+    if s.method == "draft" and not s.draft_model:
+        raise SpecError("engine.speculative.draft_model", "required for method 'draft'")
+    if s.method != "none" and spec.backend.kind != "engine":
+        raise SpecError(
+            "engine.speculative.method", "only for backend kind 'engine' (a server has its own)"
+        )
+
+
+def _check_quantize(quantize: str | None) -> None:
+    """`engine.quantize`: a scheme the engine reads (`int8`, `int4:64`, `int4:sym`, ...) or
+    none."""
+    from llmbench.engine.quant.scheme import parse_quantize  # torch-free: checked before loading
+
+    try:
+        parse_quantize(quantize)
+    except UserError as e:
+        raise SpecError("engine.quantize", str(e)) from None
+
+
+def _check_moe_offload(spec: RunSpec) -> None:
+    """`engine.moe_offload`: counts >= 0, a link the hardware table or a bandwidth names."""
+    from llmbench.harness.moe_offload import check_link
+
+    o = spec.engine.moe_offload
+    if o is None:
+        return
+    if spec.backend.kind != "engine":
+        raise SpecError("engine.moe_offload", "only for backend kind 'engine'")
+    for name in ("resident", "cache"):
+        if getattr(o, name) < 0:
+            raise SpecError(f"engine.moe_offload.{name}", f"must be >= 0, got {getattr(o, name)}")
+    try:
+        check_link(o.link)
+    except UserError as e:
+        raise SpecError("engine.moe_offload.link", str(e)) from None
+    if o.sleep and o.link == "real":
+        raise SpecError("engine.moe_offload.sleep", "only for a simulated link")
+
+
+def _check_quality(spec: RunSpec) -> None:
+    q = spec.quality
+    if spec.backend.kind != "engine":
+        raise SpecError("quality", "only for backend kind 'engine' (it scores the engine itself)")
+    for name in ("tokens", "context"):
+        if getattr(q, name) < 2:
+            raise SpecError(f"quality.{name}", f"must be >= 2, got {getattr(q, name)}")
+    if q.generate < 0:
+        raise SpecError("quality.generate", f"must be >= 0, got {q.generate}")
 
 
 def _check_workload(w: WorkloadSpec) -> None:

@@ -21,7 +21,7 @@ def request_rows(run: RunData) -> list[dict[str, Any]]:
         row = {
             k: v
             for k, v in dataclasses.asdict(r).items()
-            if k not in ("chunk_ns", "chunk_tokens", "output_text")
+            if k not in ("chunk_ns", "chunk_tokens", "output_text", "server_timings")
         }
         row.update(
             num_output_tokens=r.num_output_tokens,
@@ -32,6 +32,8 @@ def request_rows(run: RunData) -> list[dict[str, Any]]:
             e2e_ms=metrics.e2e_ms(r),
             queue_ms=metrics.queue_ms(r),
             t_sent_s=(r.sent_ns - run.t0_ns) / 1e9,  # since the run's first send
+            # The server's own timings as columns (None where it reported none).
+            **{name: metric(r) for name, metric in metrics.SERVER_TIMINGS.items()},
         )
         rows.append(row)
     return rows

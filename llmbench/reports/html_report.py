@@ -10,7 +10,7 @@ from typing import Any
 
 import jinja2
 
-from llmbench.reports import figure, plots, tables
+from llmbench.reports import expert_plots, figure, plots, tables
 from llmbench.reports.figure import Plot
 from llmbench.reports.rundata import RunData
 
@@ -47,20 +47,21 @@ def render_page(template: str, shown: list[Plot | None], **context: Any) -> Page
 
 def render(run: RunData) -> Page:
     """The report of one run folder."""
-    p = run.provenance
-    device = p.get("device", {})
     latency = [plots.latency_cdf(run, "ttft_ms"), plots.latency_cdf(run, "tpot_ms")]
     latency = [f for f in [*latency, plots.itl_histogram(run)] if f is not None]
     roofline, timeline, waterfall = plots.roofline(run), plots.timeline(run), None
+    experts = expert_plots.figures(run)  # a mixture of experts only
     sessions = tables.session_rows(run)
     if sessions:
         waterfall = plots.session_waterfall(run)
+    split = [plots.server_client(run, "ttft"), plots.server_client(run, "tpot")]
+    split = [f for f in split if f is not None]
     return render_page(
         "report.html.j2",
-        [roofline, *latency, *timeline, waterfall],
+        [roofline, *experts, *latency, *split, *timeline, waterfall],
         title=f"llmbench: {run.results.get('name')}",
-        subtitle=f"{p.get('backend')} · {p.get('model')} · {p.get('dtype')} · "
-        f"{device.get('name', device.get('url', ''))} · git {p.get('git_sha') or '-'}",
+        subtitle=tables.what_ran(run),
+        banner=tables.failure_banner(run),
         warnings=tables.warnings(run),
         cards=tables.headline(run),
         repetition_note=tables.REPETITION_NOTE,
@@ -73,9 +74,15 @@ def render(run: RunData) -> Page:
         latency=latency,
         latency_header=("metric (ms)", *tables.QUANTILES, "count"),
         latency_rows=tables.latency_rows(run),
+        server_client_note=tables.SERVER_CLIENT_NOTE,
+        server_client_header=tables.SERVER_CLIENT_HEADER,
+        server_client_rows=tables.server_client_rows(run),
+        server_client=split,
         slo_header=tables.SLO_HEADER,
         slo_rows=tables.slo_rows(run),
         timeline=timeline,
+        experts=experts,
+        expert_rows=tables.expert_rows(run),
         sessions=sessions,
         waterfall=waterfall,
         provenance=tables.provenance_rows(run),

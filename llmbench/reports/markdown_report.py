@@ -16,15 +16,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def render(run: RunData) -> str:
-    p = run.provenance
-    lines = [
-        f"# llmbench: {run.results.get('name')}",
-        "",
-        f"{p.get('backend')} · {p.get('model')} · {p.get('dtype')} · "
-        f"{p.get('device', {}).get('name', p.get('device', {}).get('url', ''))} · "
-        f"git {p.get('git_sha') or '-'}",
-        "",
-    ]
+    lines = [f"# llmbench: {run.results.get('name')}", "", tables.what_ran(run), ""]
+    banner = tables.failure_banner(run)
+    if banner:
+        lines += [f"> **FAILED REQUESTS:** {banner}", ""]
     warnings = tables.warnings(run)
     lines += [f"> **warning:** {w}" for w in warnings]
     if warnings:
@@ -36,11 +31,18 @@ def render(run: RunData) -> str:
         lines += _table(tables.REPETITION_HEADER, repetitions)
     lines += ["## Latency (ms)", ""]
     lines += _table(("metric", *tables.QUANTILES, "count"), tables.latency_rows(run))
+    split = tables.server_client_rows(run)
+    if split:
+        lines += ["## Server vs client", "", tables.SERVER_CLIENT_NOTE, ""]
+        lines += _table(tables.SERVER_CLIENT_HEADER, split)
     phases = tables.phase_rows(run)
     if phases:
         lines += ["## Roofline", ""]
         lines += [f"- {label}: {value}" for label, value in tables.roofs(run)] + [""]
         lines += _table(tables.PHASE_HEADER, phases)
+    experts = tables.expert_rows(run)
+    if experts:
+        lines += ["## Mixture of experts", ""] + _table(("", ""), experts)
     slo = tables.slo_rows(run)
     if slo:
         lines += ["## SLOs", ""] + _table(tables.SLO_HEADER, slo)

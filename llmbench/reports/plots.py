@@ -1,6 +1,7 @@
 """Every figure of a run's report, drawn with matplotlib from a `RunData` (None: no data).
 
-roofline · TTFT and TPOT CDFs · ITL histogram · timeline panels · session waterfall · sweep curves.
+roofline · TTFT and TPOT CDFs · ITL histogram · server vs client · timeline panels · session
+waterfall · sweep curves.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from llmbench.harness import metrics
+from llmbench.reports import link_roof
 from llmbench.reports.figure import (
     BLUE,
     GREEN,
@@ -62,9 +64,11 @@ def roofline(run: RunData) -> Plot | None:
     ridges = [r["flops_per_s"] / r["read_bytes_per_s"] for r in roofs]
     title = "Roofline" + (" (estimated from the client)" if roof.get("is_estimated") else "")
     figure, ax = new_axes((6.0, 4.3), title, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s")
+    link = link_roof.link_roof(run)  # offloaded weights crossed the host link
+    link_x = link_roof.link_intensity(steps) if link else []
     log_axes(
         ax,
-        [*intensity, *ridges, *(4 * x for x in ridges)],
+        [*intensity, *link_x, *ridges, *(4 * x for x in ridges)],
         [*achieved, *(r["flops_per_s"] for r in roofs)],
     )
     for r, style in (
@@ -73,6 +77,9 @@ def roofline(run: RunData) -> Plot | None:
     ):
         if r:
             draw_roof(ax, r["label"], r["read_bytes_per_s"], r["flops_per_s"], **style)
+    if link:
+        peak = (roof.get("roofs") or {}).get("flops_per_s")
+        link_roof.draw_link(ax, link, peak, steps, achieved)
     for phase, colour in PHASE_COLOURS.items():
         label = f"{phase} steps ({sum(1 for s in run.steps if s['phase'] == phase)})"
         draw_steps(ax, steps, seconds, intensity, achieved, phase, label, color=colour, alpha=0.6)
@@ -86,6 +93,12 @@ def roofline(run: RunData) -> Plot | None:
         caption = (
             "ESTIMATED from the client: each point is a time window, step = inter-token gap, "
             "batch = streams decoding, context from the requests. " + roof.get("method", "")
+        )
+    if link:
+        caption += (
+            f" Hollow: the steps that fetched offloaded weights, at FLOPs per byte over the "
+            f"{link.label} ({si(link.bytes_per_s, 'B/s')}, dash-dot); on that roof the link "
+            "bounds them."
         )
     if stride > 1:
         caption += f" Every {stride}th step of {len(run.steps)} is drawn."
@@ -146,6 +159,51 @@ def itl_histogram(run: RunData) -> Plot | None:
         f"{top:.1f} ms (p99.5) are not drawn."
     )
     return Plot("itl-histogram", figure, caption)
+
+
+# The server-vs-client scatters: (client metric, server metric, title, x label, y label).
+_SPLITS = {
+    "ttft": (
+        metrics.ttft_from_send_ms,
+        metrics.server_prompt_ms,
+        "TTFT: client vs server",
+        "server prompt time (ms)",
+        "client TTFT from send (ms)",
+    ),
+    "tpot": (
+        metrics.tpot_ms,
+        metrics.server_decode_ms_per_token,
+        "TPOT: client vs server",
+        "server decode per token (ms)",
+        "client TPOT (ms)",
+    ),
+}
+
+
+@styled
+def server_client(run: RunData, which: str) -> Plot | None:
+    """Each request's client-side time against the server's own for the same work (`which`:
+    "ttft", TTFT from the send vs the server's prompt time; "tpot", TPOT vs its decode time per
+    token), with the diagonal where the client would add nothing. None without server timings."""
+    client, server, title, x_label, y_label = _SPLITS[which]
+    pairs = [(server(r), client(r)) for r in run.requests if r.ok]
+    pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
+    if not pairs:
+        return None
+    x, y = np.array(pairs).T
+    top = 1.05 * float(max(x.max(), y.max())) or 1.0
+    figure, ax = new_axes(SMALL_IN, title, x_label, y_label)
+    ax.plot([0, top], [0, top], color=GREY, linestyle="--", lw=1, label="no overhead")
+    marks = ax.scatter(x, y, s=12, color=BLUE, alpha=0.7, label=f"{len(x)} requests")
+    hover(marks, [f"server {a:.2f} ms, client {b:.2f} ms: +{b - a:.2f} ms" for a, b in pairs])
+    ax.set(xlim=(0, top), ylim=(0, top))
+    ax.legend(loc="upper left")
+    p50, p99 = np.percentile(y - x, [50, 99])
+    caption = (
+        f"Overhead (client − server, per request) p50 {p50:.2f} ms, p99 {p99:.2f} ms; a point "
+        "on the dashed line is a request where the client saw exactly the server's time."
+    )
+    return Plot(f"server-client-{which}", figure, caption)
 
 
 def time_buckets(run: RunData) -> tuple[float, int]:

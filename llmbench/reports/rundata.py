@@ -1,9 +1,10 @@
 """A run folder read back: results.json, requests.jsonl, steps.jsonl, sessions.jsonl,
-telemetry.csv — everything a report is drawn from (nothing else: reports rebuild anywhere).
+telemetry.csv, experts.json — everything a report is drawn from (nothing else: reports rebuild
+anywhere).
 
 Every file is read through the harness module that writes it: `results` (typed, versioned:
 an older schema arrives migrated, an unknown one is refused in one line), `record_log` and
-`telemetry`.
+`telemetry`, `experts`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbench.errors import UserError
-from llmbench.harness import record_log, results, telemetry
+from llmbench.harness import experts, record_log, results, telemetry
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import RunResult
 
@@ -28,6 +29,8 @@ class RunData:
     steps: list[dict[str, Any]]  # roofline points: engine steps, or estimated decode windows
     sessions: list[dict[str, Any]]
     telemetry: list[dict[str, float]]
+    # A mixture of experts' routing statistics (experts.json); None for a dense model.
+    experts: dict[str, Any] | None = None
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -58,6 +61,7 @@ def load(folder: Path) -> RunData:
         steps=record_log.read_steps(folder),
         sessions=record_log.read_sessions(folder),
         telemetry=telemetry.read_csv(folder / "telemetry.csv"),
+        experts=experts.read_experts(folder),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llmbench.harness import metrics
+from llmbench.harness import failures, metrics, summary_lines
 from llmbench.harness.spread import metric_value
 from llmbench.reports.rundata import RunData
 
@@ -59,32 +59,84 @@ def headline(run: RunData) -> list[tuple[str, str]]:
     if "prefill_mfu" in s:
         cards.append(("prefill MFU" + estimated, ratio(s["prefill_mfu"])))
     cards.append(("prefix-cache hit rate", ratio(s.get("prefix_cache_hit_rate"))))
+    cards += quality_cards(s.get("quality"))
     return cards
 
 
+def quality_cards(quality: dict | None) -> list[tuple[str, str]]:
+    """The run's configuration against the unquantised model (`summary.quality`), beside its
+    speed: perplexity (the reference's), mean KL, top-1 and greedy agreement."""
+    if not quality:
+        return []
+    reference, row = quality["rows"][0], quality["rows"][-1]
+    kv = row["kv_cache_dtype"]
+    config = f"weights {row['weights'] or 'as loaded'}, kv " + (
+        kv["k"] if kv["k"] == kv["v"] else f"k={kv['k']},v={kv['v']}"
+    )
+    greedy = row["greedy_agreement"]
+    return [
+        (
+            f"perplexity ({config})",
+            f"{row['perplexity']:.3f} (unquantised {reference['perplexity']:.3f})",
+        ),
+        (
+            "vs unquantised: KL / top-1 / greedy",
+            f"{row['mean_kl']:.4f} / {row['top1_agreement']:.3f} / "
+            + ("-" if greedy is None else f"{greedy:.3f}"),
+        ),
+    ]
+
+
+def what_ran(run: RunData) -> str:
+    """The page's subtitle: what ran (a server's weights and hardware as far as they are
+    known) and the git commit."""
+    return f"{summary_lines.what_ran(run.results)} · git {run.provenance.get('git_sha') or '-'}"
+
+
+def failure_banner(run: RunData) -> str | None:
+    """The run's failures, when every measured request failed or more than the spec's
+    `max_failed_fraction` did: the page says so first, loudly. None otherwise."""
+    spec = run.results.get("spec", {})
+    limit = spec.get("max_failed_fraction", failures.DEFAULT_MAX_FAILED_FRACTION)
+    if not failures.is_failed_fraction_high(run.summary, limit):
+        return None
+    return failures.failure_line(run.summary, limit)
+
+
+def _sentence(line: str) -> str:
+    return line[:1].upper() + line[1:] + ("" if line.endswith(".") else ".")
+
+
 def warnings(run: RunData) -> list[str]:
-    """What makes the numbers less than clean, in words."""
+    """What makes the numbers less than clean, in words: `summary.warnings` (the failure
+    banner's line aside), whether the run was interrupted and whether its roofline is
+    estimated. A result written before `summary.warnings` gets the warnings it can still say."""
     out = []
     s, p = run.summary, run.provenance
     if run.results.get("interrupted"):
         out.append("The run was interrupted: these are partial results.")
-    if s.get("machine_busy"):
-        load = p.get("machine_load", {})
-        out.append(
-            f"The machine was busy: other processes used {load.get('other_processes_cores')} "
-            f"cores during the run (of {load.get('cpu_count')}); the numbers are pessimistic."
-        )
-    if s["num_failed"]:
-        out.append(f"{s['num_failed']} requests failed; latencies are over completed ones.")
+    if "warnings" in s:
+        banner = failure_banner(run)
+        out += [_sentence(line) for line in s["warnings"] if line != banner]
+    else:
+        if s.get("machine_busy"):
+            load = p.get("machine_load", {})
+            out.append(
+                f"The machine was busy: other processes used "
+                f"{load.get('other_processes_cores')} cores during the run (of "
+                f"{load.get('cpu_count')}); the numbers are pessimistic."
+            )
+        if s["num_failed"]:
+            out.append(f"{s['num_failed']} requests failed; latencies are over completed ones.")
+        if s.get("token_count_mismatches"):
+            out.append(
+                f"{s['token_count_mismatches']} requests: the server counted a different number "
+                "of prompt tokens than the client tokenizer."
+            )
     if s.get("roofline_is_estimated"):
         out.append(
             "The roofline is estimated from the client (a remote server's steps are not "
             "visible): a step per inter-token gap, batch = streams decoding."
-        )
-    if s.get("token_count_mismatches"):
-        out.append(
-            f"{s['token_count_mismatches']} requests: the server counted a different number of "
-            "prompt tokens than the client tokenizer."
         )
     return out
 
@@ -94,6 +146,34 @@ def latency_rows(run: RunData) -> list[list[str]]:
     for name in LATENCIES:
         d = run.summary[name]
         rows.append([name, *(num(d[q]) for q in QUANTILES), str(d.get("count", "-"))])
+    return rows
+
+
+SERVER_CLIENT_HEADER = ("ms", *QUANTILES[:-1], "count")
+SERVER_CLIENT_NOTE = (
+    "The server's own timings beside the client's, per request: server prompt and decode are "
+    "what the server reported; an overhead is the client's number minus the server's on the "
+    "same request (HTTP, templating, tokenization, sending, the network, the client's parsing). "
+    "Its percentiles are over those differences, not differences of the percentiles above it."
+)
+
+
+def server_client_rows(run: RunData) -> list[list[str]]:
+    """The client's TTFT and TPOT beside the server's prompt and decode times and the
+    overheads between them; no rows when the server reported no timings."""
+    s = run.summary
+    if all(s.get(key) is None for key in metrics.SERVER_TIMINGS):
+        return []
+    rows = []
+    for label, key in summary_lines.SERVER_CLIENT_ROWS:
+        d = s.get(key) or {}
+        rows.append(
+            [
+                f"{label.strip()} ({key})",
+                *(num(d.get(q)) for q in QUANTILES[:-1]),
+                str(d.get("count", 0)),
+            ]
+        )
     return rows
 
 
@@ -164,12 +244,22 @@ def session_rows(run: RunData) -> list[tuple[str, str]]:
     ]
 
 
+def _model(run: RunData) -> str:
+    """The model and how its weights are stored: the engine's dtype, a server's `weights`
+    ("?" when unknown)."""
+    p = run.provenance
+    if p.get("device", {}).get("type") != "remote":
+        return f"{p.get('model')} ({p.get('dtype')})"
+    weights = (run.results.get("roofline") or {}).get("weights") or "?"
+    return f"{p.get('model')} (weights {weights})"
+
+
 def provenance_rows(run: RunData) -> list[tuple[str, str]]:
     p = run.provenance
     device = p.get("device", {})
     versions = ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items() if v)
     rows: list[tuple[str, Any]] = [
-        ("model", f"{p.get('model')} ({p.get('dtype')})"),
+        ("model", _model(run)),
         ("backend", p.get("backend")),
         ("device", ", ".join(f"{k}: {v}" for k, v in device.items())),
         ("git sha", p.get("git_sha") or "-"),
@@ -178,6 +268,15 @@ def provenance_rows(run: RunData) -> list[tuple[str, str]]:
         ("seed", p.get("seed")),
         ("host", f"{p.get('host')} ({p.get('platform')})"),
     ]
+    kv = p.get("kv_cache")
+    if kv:
+        rows.append(
+            (
+                "kv cache",
+                f"keys {kv['k_dtype']}, values {kv['v_dtype']}: {kv['kv_bytes_per_token']:,} "
+                f"B/token, {kv['kv_cache_tokens']:,} tokens in {si(kv['kv_cache_bytes'], 'B')}",
+            )
+        )
     hw = p.get("hardware")
     if hw:
         flops = ", ".join(f"{k} {si(v, 'FLOP/s')}" for k, v in hw["matmul_flops_per_s"].items())
@@ -275,3 +374,39 @@ def sweep_rows(points: list[RunData]) -> list[list[str]]:
         ]
         for run in points
     ]
+
+
+def expert_rows(run: RunData) -> list[tuple[str, str]]:
+    """A mixture of experts' routing in numbers: its shape, the tokens routed per phase, the
+    summary's MoE keys; [] for a dense model."""
+    s, experts = run.summary, run.experts or {}
+    rows = []
+    if experts:
+        rows.append(
+            (
+                "experts",
+                f"{experts['num_experts']} per layer, top-{experts['top_k']}, "
+                f"{experts['num_layers']} layers",
+            )
+        )
+        k = experts["top_k"] or 1
+        for phase, stats in (experts.get("phases") or {}).items():
+            first_layer = (stats.get("tokens") or [[]])[0]
+            rows.append((f"{phase} tokens routed", f"{sum(first_layer) / k:,.0f} (per layer)"))
+    if "moe_decode_experts_touched" in s:
+        of = f" of {experts['num_experts']}" if experts else ""
+        rows.append(
+            (
+                "experts a decode step reads",
+                f"{s['moe_decode_experts_touched']:.2f}{of} per layer (mean over decode steps)",
+            )
+        )
+    if "moe_load_max_over_mean" in s:
+        rows.append(
+            (
+                "load imbalance",
+                f"{s['moe_load_max_over_mean']:.2f} max / mean tokens per expert (mean over "
+                "steps; 1 = even)",
+            )
+        )
+    return rows

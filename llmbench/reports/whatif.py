@@ -27,6 +27,12 @@ def _attainable_flops_per_s(point: dict[str, Any]) -> float:
     return point["flops_per_step"] / (point["decode_step_ms"] / 1e3)
 
 
+def _experts_text(point: dict[str, Any]) -> str:
+    """The hover text's tail for a MoE model's point (", 3.5 experts per layer"); "" if dense."""
+    touched = point.get("experts_touched_per_layer")
+    return "" if touched is None else f", {touched:.3g} experts per layer"
+
+
 @styled
 def roofline(result: dict[str, Any]) -> Plot:
     """Every (context, batch) decode step at the bound the roofs allow, on the roofline."""
@@ -50,7 +56,7 @@ def roofline(result: dict[str, Any]) -> Plot:
             marks,
             [
                 f"context {context}, batch {r['batch']}: {r['decode_step_ms']:.3g} ms per step, "
-                f"{r['decode_tok_per_s']:,.0f} tok/s, {r['bound']}-bound"
+                f"{r['decode_tok_per_s']:,.0f} tok/s, {r['bound']}-bound" + _experts_text(r)
                 for r in rows
             ],
         )
@@ -99,6 +105,7 @@ def render(result: dict[str, Any]) -> Page:
         against_batch(result, "decode_tok_per_s", "Decode tokens/s (bound)", "tokens/s"),
         against_batch(result, "tpot_ms_bound", "TPOT bound", "ms per token"),
     ]
+    is_moe = bool(result.get("num_experts"))
     rows = [
         [
             str(p["context"]),
@@ -107,18 +114,41 @@ def render(result: dict[str, Any]) -> Page:
             f"{p['decode_tok_per_s']:,.0f}",
             p["bound"],
             f"{p['arithmetic_intensity']:.3g}",
+            si(p["bytes_per_step"], "B"),
+            *([f"{p['experts_touched_per_layer']:.2f}"] if is_moe else []),
             f"{p['ttft_ms_bound']:.3g}",
             str(p["ridge_batch"] or "-"),
         ]
         for p in result["points"]
     ]
+    experts = ("experts / layer",) if is_moe else ()
+    subtitle = (
+        f"{result['dtype']} weights, {result['kv_dtype']} KV cache, tp={result['tp']}; "
+        f"{si(result['peak_bytes_per_s'], 'B/s')}, {si(result['peak_flops_per_s'], 'FLOP/s')}"
+    )
+    if is_moe:
+        subtitle += (
+            f"; {result['num_experts']} experts per layer, top-{result['num_experts_per_tok']}: "
+            "a decode step of B sequences reads E(1 − (1 − k/E)^B) of them per layer, expected "
+            "under uniform routing"
+        )
     return render_page(
         "whatif.html.j2",
         figures,
         title=f"llmbench roofline: {result['model']} on {result['hardware']}",
-        subtitle=f"{result['dtype']} weights, {result['kv_dtype']} KV cache, tp={result['tp']}; "
-        f"{si(result['peak_bytes_per_s'], 'B/s')}, {si(result['peak_flops_per_s'], 'FLOP/s')}",
+        subtitle=subtitle,
         plots=figures,
-        header=("context", "batch", "step ms", "tok/s", "bound", "FLOP/B", "TTFT ms", "ridge B"),
+        header=(
+            "context",
+            "batch",
+            "step ms",
+            "tok/s",
+            "bound",
+            "FLOP/B",
+            "bytes/step",
+            *experts,
+            "TTFT ms",
+            "ridge B",
+        ),
         rows=rows,
     )

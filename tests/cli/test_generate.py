@@ -97,3 +97,45 @@ def test_invalid_sampling_value(tiny_folder):
     assert_user_error(
         llmbench("generate", "--model", str(tiny_folder), "--top-p", "1.5", "w1"), "top_p"
     )
+
+
+@pytest.mark.parametrize(
+    ("speculative", "says"),
+    [
+        ("ngram:3", "[speculative ngram (n 4 down to 2), k=3]"),
+        ("draft:self:layers=1:2", "[speculative draft self:layers=1 (of 2), k=2, in the target"),
+    ],
+)
+def test_speculative_generate_prints_the_same_text_and_its_acceptance(
+    tiny_folder, speculative, says
+):
+    args = ("generate", "--model", str(tiny_folder), "--max-tokens", "12", "--ignore-eos")
+    args += ("--device", "cpu", "w1 w2 w3 w1 w2 w3 w1 w2")
+    plain = llmbench(*args)
+    fast = llmbench(*args, "--speculative", speculative)
+    assert fast.returncode == 0, fast.stderr
+    assert fast.stdout == plain.stdout
+    assert says in fast.stderr and "draft tokens accepted" in fast.stderr
+    assert "output=12 tok" in fast.stderr  # every token counted, however many a step brought
+
+
+@pytest.mark.parametrize(
+    ("speculative", "message"),
+    [
+        ("eagle:3", "--speculative eagle:3: expected none | ngram[:K] | draft:MODEL[:K]"),
+        ("draft:synthetic:tiny", "its vocabulary has 512 tokens, the target's 300"),
+        ("draft:self:layers=9", "expected self:layers=N (1 <= N <= 2, the target's layers)"),
+    ],
+)
+def test_a_bad_speculative_setting_is_one_line(tiny_folder, speculative, message):
+    result = llmbench(
+        "generate",
+        "--model",
+        str(tiny_folder),
+        "--speculative",
+        speculative,
+        "--device",
+        "cpu",
+        "w1",
+    )
+    assert_user_error(result, message)

@@ -63,3 +63,119 @@ def test_roofline_unknown_hardware_is_one_line():
     assert_user_error(
         llmbench("roofline", "--model", "tiny", "--hardware", "abacus"), "unknown hardware 'abacus'"
     )
+
+
+def test_roofline_of_a_moe_model_counts_the_experts_its_batch_reaches(tmp_path):
+    """Mixtral 8x7B from its shapes alone (no weights): batch 1 reads 2 of 8 experts per layer,
+    batch 64 nearly all; the table and the JSON say how many and the bytes they cost."""
+    html = tmp_path / "whatif.html"
+    args = ["--hardware", "h100", "--batch", "1,64", "--context", "1024"]
+    result = llmbench("roofline", "--model", "synthetic:mixtral-8x7b", *args, "--html", str(html))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("8 experts per layer, top-2: a decode step of B sequences reads")
+    header, one, sixty_four = lines[2].split(), lines[3].split(), lines[4].split()
+    assert header[7:9] == ["GB/step", "experts"]  # after "step ms", "tok/s", "bound", "AI"
+    # 2.95 GB read every step (attention, routers, norms, lm_head) + 2 experts x 32 layers x
+    # 352 MB, KV 134 MB: 25.632 GB; at batch 64 E(1 - (1 - 2/8)^64) = 8.00 experts per layer.
+    assert one[6:8] == ["25.632", "2.00"]
+    assert sixty_four[6:8] == ["101.742", "8.00"]
+    assert "<th>experts / layer</th>" in html.read_text()
+    # The preset's name without `synthetic:` is the same model.
+    plain = llmbench("roofline", "--model", "mixtral-8x7b", *args, "--json")
+    points = json.loads(plain.stdout)["points"]
+    assert [p["experts_touched_per_layer"] for p in points] == pytest.approx(
+        [2.0, 8 * (1 - 0.75**64)]
+    )
+    assert points[0]["bytes_per_step"] == 25_632_063_488
+
+
+@pytest.mark.parametrize(
+    ("kv_dtype", "bytes_per_token"),
+    [
+        # SmolLM2: 30 layers, 3 KV heads, head_dim 64; per layer and head, K + V bytes with a
+        # float16 scale per token and head for int8/int4 (as the built-in engine stores them).
+        ("bfloat16", 30 * 3 * (128 + 128)),
+        ("int8", 30 * 3 * (66 + 66)),
+        ("k=bfloat16,v=int4", 30 * 3 * (128 + 34)),
+        ("k=int8,v=int4", 30 * 3 * (66 + 34)),
+    ],
+)
+def test_roofline_kv_dtype_keys_and_values_apart(kv_dtype, bytes_per_token):
+    result = llmbench(
+        "roofline",
+        *("--model", "synthetic:smollm2-135m", "--hardware", "h100", "--batch", "1"),
+        *("--context", "1k", "--kv-dtype", kv_dtype, "--json"),
+    )
+    assert result.returncode == 0, result.stderr
+    (point,) = json.loads(result.stdout)["points"]
+    assert point["kv_bytes_per_seq"] == pytest.approx(1024 * bytes_per_token)
+
+
+def test_roofline_refuses_an_unknown_kv_dtype_in_one_line():
+    result = llmbench(
+        "roofline", "--model", "synthetic:tiny", "--hardware", "h100", "--kv-dtype", "k=int3,v=int8"
+    )
+    assert_user_error(result, "--kv-dtype k=int3,v=int8: give a storage name or k=NAME,v=NAME")
+
+
+def test_hardware_prints_every_probe_with_best_median_and_spread(tmp_path):
+    """From a cache entry written by hand (nothing measured): a row per probe, the read roof
+    and which probe it is, and the notes."""
+    import torch
+
+    from llmbench.harness import hardware
+
+    def probe(name, method, unit, best, median, spread, converged=True):
+        return {
+            "size": 256 << 20,
+            "repeats": 6,
+            "seconds": (256 << 20) / best,
+            "measured_unix_s": 0.0,
+            "note": None,
+            "method": method,
+            "threads": 1 if name.endswith("1thread") else 2,
+            "unit": unit,
+            "best_per_s": best,
+            "median_per_s": median,
+            "spread": spread,
+            "converged": converged,
+        }
+
+    probes = {
+        "read": probe("read", "read-only sum", "B/s", 19.0e9, 18.1e9, 0.08),
+        "read_1thread": probe("read_1thread", "read-only sum", "B/s", 12.5e9, 12.0e9, 0.5, False),
+        "bfloat16": probe("bfloat16", "matmul bfloat16 2048x2048", "FLOP/s", 330e9, 300e9, 0.1),
+    }
+    entry = {
+        "device": "cpu0",
+        "device_type": "cpu",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "copy_bytes_per_s": 16.6e9,
+        "read_bytes_per_s": 19.0e9,
+        "matmul_flops_per_s": {"bfloat16": 330e9},
+        "method": "best of hand-written runs",
+        "notes": [],
+        "probes": probes,
+        "unsupported": ["float32", "float16", "int8"],
+        "format": hardware.CACHE_FORMAT,
+    }
+    key = f"cpu-{torch.get_num_threads()}threads-torch{torch.__version__}"
+    path = hardware._cache_path(key).relative_to(hardware._cache_path(key).parents[1])
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).write_text(json.dumps(entry))
+    result = llmbench("hardware", cache=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].split() == [
+        "probe", "threads", "best", "median", "spread", "runs", "unit", "source"
+    ]  # fmt: skip
+    assert lines[2].split()[:7] == ["read", "2", "19.0", "18.1", "8%", "6", "GB/s"]
+    assert lines[3].split()[:7] == ["read_1thread", "1", "12.5", "12.0", "50%", "6", "GB/s"]
+    assert lines[4].split()[:7] == ["bfloat16", "2", "330.0", "300.0", "10%", "6", "GFLOP/s"]
+    assert lines[2].endswith("(measured 1970-01-01 00:00)") or "(measured 19" in lines[2]
+    assert lines[5] == (
+        "  read roof: 19.0 GB/s, probe read: the best read-only sum over 2 threads, of 6 runs"
+    )
+    assert "  note: not settled (their best 3 runs were not within 3%" in result.stdout

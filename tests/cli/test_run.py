@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -271,3 +272,106 @@ def test_repeat_below_1_is_one_line(tmp_path):
     result = llmbench("run", "chat", "--repeat", "0", "--out", str(tmp_path / "x"))
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --repeat 0: must be >= 1"
+
+
+def openai_at(url: str) -> list[str]:
+    return ["--set", "backend.kind=openai", "--set", f"backend.url={url}"]
+
+
+def test_a_run_whose_requests_all_fail_exits_1_with_the_reason_and_keeps_the_results(tmp_path):
+    """Every request is refused (nothing listens on the port; the served model is named, so
+    the backend starts without asking the server): one line naming the most common error,
+    exit 1, and results and reports written all the same."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the run starts
+    out = tmp_path / "run"
+    url = f"http://127.0.0.1:{port}/v1"
+    result = llmbench(
+        "run", "chat", *TINY, *SMALL["chat"], *openai_at(url),
+        "--set", "backend.served_model=m", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: all 3 measured requests failed; most common error (3 of 3): ")
+    assert f"cannot connect to {url}" in last
+    assert result.stdout.strip().splitlines()[-1] == str(out)  # the folder, as for any run
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["num_failed"] == 3 and summary["failed_fraction"] == 1.0
+    assert summary["warnings"][0] == last.removeprefix("error: ")
+    assert f"WARNING: {summary['warnings'][0]}" in result.stdout
+    html = (out / "report.html").read_text()
+    assert '<div class="banner" role="alert"><strong>Failed requests:</strong> all 3' in html
+
+
+def test_failures_above_max_failed_fraction_are_loud_and_exit_1_only_with_strict(tmp_path):
+    """Every 3rd request gets HTTP 500: 3 of 8 measured requests fail (37.5%, above 5%)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.harness.streaming_server", "--port", "0", "--record",
+         str(tmp_path / "record.jsonl"), "--mode", "error500", "--ttft-ms", "5", "--tpot-ms", "1"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    runs = {}
+    try:
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}/v1"
+        for strict in ([], ["--strict"]):
+            out = tmp_path / f"run{len(strict)}"
+            runs[bool(strict)] = out, llmbench(
+                "run", "rag", *TINY, *SMALL["rag"], "--set", "workload.sessions=8",
+                *openai_at(url), *strict, "--out", str(out),
+            )  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+    # The server names the request in its error, so each text is its own (the first one wins).
+    loud = (
+        "3 of 8 measured requests failed (37.5%, above max_failed_fraction 5.0%); most common "
+        "error (1 of 3): BackendError: HTTP 500: injected failure for request"
+    )
+    for strict, (out, result) in runs.items():
+        assert result.returncode == (1 if strict else 0), result.stderr
+        assert f"WARNING: {loud}" in result.stdout
+        assert (out / "results.json").is_file()
+        assert "Failed requests:</strong> 3 of 8" in (out / "report.html").read_text()
+    assert runs[True][1].stderr.strip().splitlines()[-1].startswith(f"error: {loud}")
+
+
+def test_the_same_seeded_run_twice_on_one_server_warns_of_its_warm_prefix_cache(tmp_path):
+    """`llmbench serve` keeps its prefix cache between runs: the first run's first turns hit
+    only the system prompt the warm-up cached (no warning); the same run again finds its whole
+    first prompts cached and says so."""
+    from llmbench.harness.serve import ServeConfig
+    from tests.harness.serve.helpers import serving, tiny_engine
+
+    workload = [
+        "--set", "workload.turns=1", "--set", "workload.system_prompt_tokens=32",
+        "--set", "workload.user_tokens=48", "--set", "workload.output_tokens=4",
+    ]  # fmt: skip
+    warm = "the server's prefix cache was warm before this run (first requests hit "
+    with serving(tiny_engine(), ServeConfig(served_model_name="tiny")) as url:
+        runs = [
+            llmbench(
+                "run",
+                "chat",
+                *TINY,
+                *SMALL["chat"],
+                *workload,
+                *openai_at(f"{url}/v1"),
+                "--out",
+                str(tmp_path / f"run{k}"),
+            )  # fmt: skip
+            for k in (1, 2)
+        ]
+    for result in runs:
+        assert result.returncode == 0, result.stderr
+    first, second = (json.loads((tmp_path / f"run{k}/results.json").read_text()) for k in (1, 2))
+    shared = first["provenance"]["shared_prefix_tokens"]
+    assert 32 <= shared < 32 + 48  # the system prompt and the template, not a user message
+    assert not any(w.startswith(warm) for w in first["summary"]["warnings"])
+    assert f"WARNING: {warm}" not in runs[0].stdout
+    (line,) = [w for w in second["summary"]["warnings"] if w.startswith(warm)]
+    assert f"3 of 3 first turns had more cached than the {shared} tokens" in line
+    assert f"WARNING: {line}" in runs[1].stdout

@@ -68,3 +68,29 @@ def test_flags_reach_the_server_and_the_key_comes_from_the_environment(tmp_path)
         assert (tmp_path / "rec" / "steps.jsonl").is_file()
     finally:
         server.stop()
+
+
+def test_serve_speculates_and_streams_what_the_engine_decodes_plainly():
+    from llmbench.engine.engine import EngineConfig, LLMEngine
+    from llmbench.engine.sampling import SamplingParams
+
+    prompt = "abcabcabcabc"
+    engine = LLMEngine(EngineConfig(model="synthetic:tiny", device="cpu", kv_cache_memory=2**22))
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    expected = engine.tokenizer.decode(engine.generate([prompt], params)[0])
+    server = ServerProcess([*TINY, "--speculative", "ngram:3"])
+    try:
+        assert "speculative ngram (n 4 down to 2), k=3" in "".join(server.lines)
+        body = {"model": "synthetic:tiny", "prompt": prompt, "max_tokens": 16}
+        body |= {"temperature": 0, "ignore_eos": True}
+        request = urllib.request.Request(
+            server.url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            reply = json.loads(response.read())
+        assert reply["choices"][0]["text"] == expected
+        assert reply["usage"]["completion_tokens"] == 16
+    finally:
+        server.stop()

@@ -54,6 +54,25 @@ def test_blocks_for_is_ceil_division(num_tokens, block_size, expected):
     assert blocks_for(num_tokens, block_size) == expected
 
 
+@pytest.mark.parametrize(
+    ("bytes_per_token", "expected_blocks"),
+    [
+        (46_080, 2_912),  # SmolLM2 K/V in float32: 2 GiB / (46,080 B · 16) = 2,912.7
+        (23_040, 5_825),  # bfloat16: twice the tokens (one block more: 5,825.4)
+        (11_880, 11_297),  # int8 + float16 scales: 3.88x float32 (11,297.8)
+        (6_120, 21_931),  # int4 + float16 scales: 7.53x float32 (21,931.0)
+    ],
+)
+def test_blocks_in_budget_scales_inversely_with_bytes_per_token(bytes_per_token, expected_blocks):
+    assert kv_cache.blocks_in_budget(2 * 1024**3, bytes_per_token, 16) == expected_blocks
+
+
+def test_blocks_in_budget_counts_whole_blocks_only():
+    assert kv_cache.blocks_in_budget(16 * 100 - 1, 100, 16) == 0
+    assert kv_cache.blocks_in_budget(16 * 100, 100, 16) == 1
+    assert kv_cache.blocks_in_budget(3.5 * 16 * 100, 100, 16) == 3
+
+
 @pytest.mark.parametrize(("num_blocks", "block_size"), [(0, 16), (8, 0), (-1, 16), (8, -4)])
 def test_block_manager_rejects_non_positive_sizes(num_blocks, block_size):
     with pytest.raises(ValueError, match="num_blocks, block_size > 0"):
@@ -578,3 +597,15 @@ def test_random_operations_keep_ref_counts_consistent(seed):
 @given(st.integers(min_value=0, max_value=2**32 - 1))
 def test_random_operations_property(seed):
     random_operations(seed)
+
+
+def test_free_tail_releases_the_blocks_past_what_the_tokens_need():
+    # Speculative decoding allocated 3 blocks of 4 for 9 slots; 5 tokens stayed: 2 blocks.
+    blocks = BlockManager(num_blocks=6, block_size=4)
+    table: list[int] = []
+    blocks.allocate(table, 9)
+    kept = table[:2]
+    blocks.free_tail(table, 5)
+    assert table == kept and blocks.num_free_blocks == 4
+    blocks.free_tail(table, 8)  # nothing past 2 blocks: unchanged
+    assert table == kept and blocks.num_free_blocks == 4

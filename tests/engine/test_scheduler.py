@@ -477,3 +477,66 @@ def test_finish_removes_running_and_waiting_sequences_and_frees_their_blocks():
     assert not scheduler.has_unfinished()
     assert scheduler.blocks.num_free_blocks == 8
     assert scheduler.schedule().scheduled == []
+
+
+# --- speculative decoding: draft tokens verified as extra query rows ----------------------------
+
+
+def decoding_seq(scheduler: Scheduler, request_id: str, prompt: list[int]) -> Sequence:
+    """A sequence admitted and prefilled alone, now with one token left (decoding)."""
+    seq = make_seq(request_id, prompt, max_tokens=32)
+    scheduler.add(seq)
+    step(scheduler)
+    assert seq.num_tokens - seq.num_computed_tokens == 1
+    return seq
+
+
+def test_a_decoding_sequence_runs_its_drafts_after_its_last_token():
+    scheduler = make_scheduler(block_size=4)
+    seq = decoding_seq(scheduler, "a", [1, 2, 3])  # 4 tokens, 3 computed
+    seq.spec_token_ids = [7, 8, 9]
+    out = scheduler.schedule()
+    (item,) = out.scheduled
+    assert (item.num_new_tokens, item.spec_token_ids, item.needs_logits) == (4, (7, 8, 9), True)
+    # Slots for 3 computed + 1 last token + 3 drafts = 7 tokens: 2 blocks of 4.
+    assert len(seq.block_table) == 2
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        (8, [("a", 4, (7, 8, 9)), ("b", 4, (5, 6, 4))]),  # both fit whole
+        (6, [("a", 4, (7, 8, 9)), ("b", 2, (5,))]),  # b verifies what is left: 1 draft
+        (5, [("a", 4, (7, 8, 9)), ("b", 1, ())]),  # b decodes plainly
+        (3, [("a", 3, (7, 8))]),  # a is cut to 2 drafts; nothing is left for b
+    ],
+)
+def test_drafts_take_what_the_token_budget_leaves(budget, expected):
+    scheduler = make_scheduler(max_num_batched_tokens=budget)
+    a = decoding_seq(scheduler, "a", [1, 2, 3])
+    b = decoding_seq(scheduler, "b", [1, 2])
+    a.spec_token_ids, b.spec_token_ids = [7, 8, 9], [5, 6, 4]
+    out = scheduler.schedule()
+    assert [(i.seq.request_id, i.num_new_tokens, i.spec_token_ids) for i in out.scheduled] == (
+        expected
+    )
+
+
+def test_drafts_are_dropped_before_anyone_is_preempted():
+    # 3 blocks of 4: a holds 1 (3 tokens), b holds 1 (2 tokens); one block is free.
+    scheduler = make_scheduler(num_blocks=3, block_size=4)
+    a = decoding_seq(scheduler, "a", [1, 2, 3])  # 4 tokens: its block is full
+    decoding_seq(scheduler, "b", [5, 6])
+    a.spec_token_ids = [7, 8, 9, 10, 11]  # 3 + 1 + 5 = 9 tokens: 3 blocks, 2 more than a has
+    out = scheduler.schedule()
+    assert summary(out) == [("a", 1, True), ("b", 1, True)]
+    assert out.num_preempted == 0 and all(not i.spec_token_ids for i in out.scheduled)
+
+
+def test_a_prefilling_sequence_ignores_drafts():
+    scheduler = make_scheduler(max_num_batched_tokens=2)
+    seq = make_seq("a", [1, 2, 3, 4, 5])
+    scheduler.add(seq)
+    seq.spec_token_ids = [9]  # stale: it still has 5 prompt tokens to run
+    out = scheduler.schedule()
+    assert summary(out) == [("a", 2, False)] and out.scheduled[0].spec_token_ids == ()

@@ -83,7 +83,9 @@ class StreamingServer:
         body = await request.json()
         entry: dict[str, Any] = {
             "number": number,
-            "request_id": request.headers.get("X-Request-Id"),
+            "request_id": request.headers.get("X-Request-Id"),  # None: the client sent none
+            "headers": dict(request.headers),
+            "last_message": body["messages"][-1]["content"] if use_chat else body.get("prompt"),
             "path": request.path,
             "fault": fault,
             "peer_port": request.transport.get_extra_info("peername")[1],  # one per connection

@@ -253,6 +253,38 @@ def test_spec_differences_name_key_paths_and_skip_labels():
     ]
     labels = ({"name": "a", "output_dir": "x", "repeat": 1}, {"name": "b", "output_dir": "y"})
     assert spec_differences(*labels) == []
+    # How failures are judged is a label too (and out of the spec hash).
+    assert spec_differences({"max_failed_fraction": 0.05}, {"max_failed_fraction": 0.5}) == []
+
+
+def test_server_timings_and_warnings_in_a_summary_leave_the_gates_as_they_were(base, tmp_path):
+    """A run whose summary has the server-vs-client keys (distributions or null) and warnings
+    compares on the default gates as before: they are not per-repetition metrics."""
+    from llmbench.harness.metrics import distribution
+
+    folder = write_run(tmp_path / "timed", seed=5)
+    result = read_results(folder)
+    server = {
+        "server_prompt_ms": distribution([10.0, 12.0]),
+        "ttft_overhead_ms": distribution([1.0, 2.0]),
+        "server_decode_ms_per_token": None,
+        "tpot_overhead_ms": None,
+        "warnings": ["the server reports no usage: x"],
+    }
+    _rewrite(
+        folder,
+        summary={
+            **result.summary,
+            **server,
+            "repetitions": [{**r, **server} for r in result.summary["repetitions"]],
+        },
+    )
+    base_run = load_run(base / "results.json")
+    before = compare(base_run.samples, base_run.samples, default_gates())
+    [pair] = pair_runs(base, folder)
+    comparison = compare(pair.baseline.samples, pair.new.samples, default_gates())
+    assert [r.gate for r in comparison.results] == [r.gate for r in before.results]
+    assert set(pair.new.samples.per_repetition) == set(pair.baseline.samples.per_repetition)
 
 
 def test_the_same_benchmark_pairs_and_another_is_refused_naming_why(base, tmp_path):

@@ -23,8 +23,11 @@ from llmbench.harness.cost_model import (
     BYTES_PER_ELEM,
     GGUF_BLOCKS,
     Cost,
+    DraftModel,
     StepShape,
     decode_cost,
+    draft_cost,
+    expected_experts_touched,
     ridge_batch,
     step_cost,
     time_bound_s,
@@ -280,3 +283,182 @@ def _decode_weight_bytes(model) -> int:
     if model.lm_head.weight is not model.embed_tokens:
         total += model.embed_tokens.shape[1] * model.embed_tokens.element_size()
     return total
+
+
+# -- mixture of experts --------------------------------------------------------------------------
+#
+# TINY_MOE: TINY's attention with E=4 experts, top-k 2, I_moe=6, no shared expert.
+# Per layer, always read: qkv 128 + o_proj 64 + router h·E = 32 -> 224; norms 16.
+# One expert: 3·h·I_moe = 3·8·6 = 144. All parameters: 800 + 2·(224 + 16 + 4·144) + 8 = 2440;
+# active per token (2 experts): 800 + 2·(224 + 16 + 2·144) + 8 = 1864.
+# At 2 bytes/param the dense part read per step is 2·(2·240 + 8 + 800) = 2576.
+TINY_MOE = dataclasses.replace(TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6)
+
+
+def test_moe_step_reads_only_the_experts_its_tokens_were_routed_to():
+    """Three decode tokens (contexts 10, 4, 7) with a hand-written routing: layer 0 reaches
+    experts {0, 1, 2}, layer 1 only {0, 3}."""
+    routing = [
+        [{0, 1}, {1, 2}, {0, 2}],  # layer 0: tokens A, B, C
+        [{3, 0}, {0, 3}, {0, 3}],  # layer 1
+    ]
+    touched = tuple(len(set().union(*layer)) for layer in routing)
+    assert touched == (3, 2)
+    cost = step_cost(TINY_MOE, StepShape(decode_context_lens=(10, 4, 7), experts_touched=touched))
+    b = cost.breakdown
+    assert b["weight_bytes"] == 2576  # attention, router, norms, lm_head: once per step
+    assert b["expert_bytes"] == 1440  # 2 bytes · (3 + 2) experts · 144
+    assert b["kv_read_bytes"] == 672  # (10 + 4 + 7) positions · 32
+    assert b["kv_write_bytes"] == 96  # 3 tokens · 32
+    assert cost.bytes == 2576 + 1440 + 672 + 96
+    # FLOPs: every token runs its 2 experts whatever the others do: 2·T(3)·L(2)·(224 + 2·144).
+    assert b["linear_flops"] == 6144
+    assert b["attention_flops"] == 1344  # 64 · 21 keys: attention is unchanged
+    assert b["lm_head_flops"] == 4800  # 3 rows · 1600
+    assert cost.flops == 6144 + 1344 + 4800
+    assert_sums_moe(cost)
+
+
+def test_moe_step_touching_every_expert_reads_every_parameter():
+    assert (TINY_MOE.num_params(), TINY_MOE.num_active_params()) == (2440, 1864)
+    cost = step_cost(TINY_MOE, StepShape(decode_context_lens=(1,), experts_touched=(4, 4)))
+    assert cost.breakdown["weight_bytes"] + cost.breakdown["expert_bytes"] == 2 * 2440
+    # Touching only its top-k, a single token reads exactly the active parameters.
+    one = step_cost(TINY_MOE, StepShape(decode_context_lens=(1,), experts_touched=(2, 2)))
+    assert one.breakdown["weight_bytes"] + one.breakdown["expert_bytes"] == 2 * 1864
+    # One token through 2 experts in both layers: 2·(224 + 288) FLOPs per layer.
+    assert cost.breakdown["linear_flops"] == 2 * 2 * 512
+
+
+def test_moe_what_if_uses_the_uniform_routing_expectation():
+    # Batch 1: one token touches exactly its k = 2 experts per layer.
+    one = decode_cost(TINY_MOE, 1, 10, 2, 2)
+    assert one.breakdown["expert_bytes"] == 2 * 2 * 2 * 144
+    # Batch 3: E·(1 − (1 − k/E)^3) = 4·(1 − 1/8) = 3.5 experts per layer.
+    three = decode_cost(TINY_MOE, 3, 10, 2, 2)
+    assert three.breakdown["expert_bytes"] == pytest.approx(2 * 2 * 3.5 * 144)
+    # A long prefill reaches every expert (to within 2^-1024).
+    prefill = step_cost(TINY_MOE, StepShape(prefill=((0, 1024),)))
+    assert prefill.breakdown["expert_bytes"] == pytest.approx(2 * 2 * 4 * 144)
+
+
+def test_dense_models_have_no_expert_bytes():
+    cost = step_cost(TINY, shape(decode=[10]))
+    assert cost.breakdown["expert_bytes"] == 0
+    assert step_cost(TINY, StepShape(decode_context_lens=(10,), experts_touched=(3, 2))) == cost
+
+
+def test_moe_shared_expert_and_qk_norm_are_read_every_step():
+    # A shared expert of width 5 (3·8·5 = 120) and its [h, 1] gate (8); q_norm and k_norm of
+    # head_dim 4 each. Per layer: 224 + 128 matrix, 16 + 8 norm.
+    config = dataclasses.replace(TINY_MOE, shared_expert_intermediate_size=5, qk_norm=True)
+    cost = step_cost(config, StepShape(decode_context_lens=(1,), experts_touched=(2, 2)))
+    assert cost.breakdown["weight_bytes"] == 2 * (2 * (352 + 24) + 8 + 800)
+    all_read = step_cost(config, StepShape(decode_context_lens=(1,), experts_touched=(4, 4)))
+    assert all_read.breakdown["weight_bytes"] + all_read.breakdown["expert_bytes"] == (
+        2 * config.num_params()
+    )
+    assert cost.breakdown["linear_flops"] == 2 * 2 * (352 + 2 * 144)
+
+
+def test_experts_touched_must_name_every_layer():
+    with pytest.raises(ValueError, match="2 layers, the model 2|3 layers, the model 2"):
+        step_cost(TINY_MOE, StepShape(decode_context_lens=(1,), experts_touched=(1, 1, 1)))
+
+
+def test_expected_experts_touched_by_hand():
+    assert expected_experts_touched(8, 2, 0) == 0
+    assert expected_experts_touched(8, 2, 1) == pytest.approx(2)
+    assert expected_experts_touched(8, 2, 2) == pytest.approx(8 * (1 - 0.75**2))  # 3.5
+    assert expected_experts_touched(8, 8, 1) == 8  # top-k = E: every token reads every expert
+    assert expected_experts_touched(0, 0, 64) == 0  # dense
+    with pytest.raises(ValueError):
+        expected_experts_touched(8, 9, 1)
+
+
+@pytest.mark.parametrize(
+    "num_experts, top_k, num_tokens", [(8, 2, 1), (8, 2, 4), (8, 2, 16), (64, 8, 3), (128, 8, 32)]
+)
+def test_expected_experts_touched_matches_a_seeded_simulation(num_experts, top_k, num_tokens):
+    """Uniform top-k routing simulated: each token picks k distinct experts at random; the mean
+    distinct count over many trials is within 4 standard errors of the formula."""
+    import numpy as np
+
+    rng = np.random.default_rng(1234)
+    num_trials = 4000
+    # [trials, tokens, E] random keys; a token's k smallest keys are a uniform k-subset.
+    keys = rng.random((num_trials, num_tokens, num_experts))
+    chosen = np.argsort(keys, axis=-1)[..., :top_k]  # [trials, tokens, k]
+    hit = np.zeros((num_trials, num_experts), dtype=bool)
+    np.put_along_axis(hit, chosen.reshape(num_trials, -1), True, axis=1)
+    distinct = hit.sum(axis=1)
+    standard_error = distinct.std(ddof=1) / np.sqrt(num_trials)
+    expected = expected_experts_touched(num_experts, top_k, num_tokens)
+    assert abs(distinct.mean() - expected) <= 4 * standard_error + 1e-9
+
+
+def test_ridge_batch_of_a_moe_model_counts_the_experts_its_batch_reaches():
+    """Decode at context 1, per sequence: FLOPs 2·2·512 + 64 + 1600 = 3712, KV bytes 64. At
+    1 B/s and 50 FLOP/s a sequence costs 74.24 s of compute against 64 s of KV, so the ridge is
+    where 10.24·B covers the weights: 2576 dense + (by then every expert) 2·2·4·144 = 2304,
+    B >= 476.6 -> 477. The condition flips there, experts-touched expectation included."""
+    bandwidth, peak = 1.0, 50.0
+    ridge = ridge_batch(TINY_MOE, 1, 2, 2, bandwidth, peak)
+    assert ridge == 477
+
+    def is_compute_bound(batch: int) -> bool:
+        cost = decode_cost(TINY_MOE, batch, 1, 2, 2)
+        return cost.flops / peak >= cost.bytes / bandwidth
+
+    assert is_compute_bound(ridge) and not is_compute_bound(ridge - 1)
+
+
+def test_link_bytes_are_a_roof_of_their_own():
+    cost = step_cost(TINY, StepShape(decode_context_lens=(10,), link_bytes=1000.0))
+    assert cost.link_bytes == 1000.0
+    assert cost.bytes == 4336  # memory bytes unchanged (test above)
+    assert time_bound_s(cost, 4336.0, 1e9) == pytest.approx(1.0)
+    assert time_bound_s(cost, 4336.0, 1e9, link_bytes_per_s=250.0) == pytest.approx(4.0)
+
+
+def assert_sums_moe(cost: Cost) -> None:
+    b = cost.breakdown
+    assert cost.bytes == (
+        b["weight_bytes"]
+        + b["expert_bytes"]
+        + b["embedding_bytes"]
+        + b["kv_read_bytes"]
+        + b["kv_write_bytes"]
+        + b["activation_bytes"]
+    )
+
+
+def test_verified_draft_tokens_need_lm_head_rows_but_no_more_bytes():
+    # A sequence with 10 computed tokens verifies 3 drafts: a chunk of 4 rows at 10, every row
+    # with logits. linear 4·2304 = 9216; attention keys 4·10 + 4·5/2 = 50, ·64 = 3200;
+    # lm_head 4 rows · 1600 = 6400 (1600 without the drafts' rows).
+    # Bytes: weights 3984 + K/V read (10 + 4)·32 = 448 + written 4·32 = 128 = 4560.
+    cost = step_cost(TINY, StepShape(prefill=((10, 4),), num_draft_tokens=3))
+    assert cost.breakdown["lm_head_flops"] == 6400
+    assert cost.flops == 9216 + 3200 + 6400
+    assert cost.bytes == 4560 == step_cost(TINY, StepShape(prefill=((10, 4),))).bytes
+    with pytest.raises(ValueError, match="num_draft_tokens -1: must be >= 0"):
+        StepShape(prefill=((10, 4),), num_draft_tokens=-1)
+
+
+def test_a_draft_model_reads_its_weights_once_per_pass():
+    # TINY as its own draft: a 6-token catch-up, then drafts 1 and 2 one row each.
+    # Pass 1 (0, 6): 6·2304 + 21 keys·64 + 1600 = 16768 FLOPs; 3984 + 6·32 + 6·32 = 4368 B.
+    # Pass 2 (6, 1): 2304 + 7·64 + 1600 = 4352; 3984 + 7·32 + 32 = 4240.
+    # Pass 3 (7, 1): 2304 + 8·64 + 1600 = 4416; 3984 + 8·32 + 32 = 4272.
+    draft = DraftModel(TINY, weight_bytes_per_param=2.0, kv_bytes_per_elem=2.0)
+    cost = draft_cost(draft, (((6, 6),), ((7, 1),), ((8, 1),)))
+    assert cost.flops == 16768 + 4352 + 4416
+    assert cost.bytes == 4368 + 4240 + 4272
+    assert cost.breakdown["weight_bytes"] == 3 * 3984
+    assert draft_cost(draft, ()).bytes == 0
+    # An int8 draft (its lm_head too): 1 byte a weight, half the 16-bit bytes: 3 · 3984 / 2.
+    int8 = DraftModel(TINY, 1.0, 2.0, lm_head_bytes_per_param=1.0)
+    assert draft_cost(int8, (((6, 6),), ((7, 1),), ((8, 1),))).breakdown["weight_bytes"] == (
+        3 * 3984 / 2
+    )

@@ -15,7 +15,12 @@ import pytest
 from llmbench.engine.tokenizer import Tokenizer
 from llmbench.harness.driver import CANCELLED, DriveOptions, Driver, turn_messages
 from llmbench.harness.metrics import queue_ms
-from llmbench.harness.records import GenerationRequest, RequestRecord, StreamEvent
+from llmbench.harness.records import (
+    GenerationRequest,
+    RequestRecord,
+    ServerTimings,
+    StreamEvent,
+)
 from llmbench.harness.workloads import Session, ToolCall, Turn
 
 MS = 1_000_000
@@ -167,6 +172,37 @@ def test_closed_loop_never_exceeds_the_concurrency():
     records = by_id(driver.result.records)
     for i in range(9):
         assert records[f"s{i}-t1"].sent_ns >= records[f"s{i}-t0"].end_ns
+
+
+def test_a_common_start_is_the_open_loops_offset_0_once_the_firsts_are_prepared():
+    """`start_at` (a start shared with other processes) is asked for after every first request
+    is prepared, and the schedule counts from what it returns."""
+    backend = FakeBackend()
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    asked_ns = []
+
+    async def start_at() -> int:
+        asked_ns.append(time.perf_counter_ns())
+        return asked_ns[0] + 80 * MS
+
+    sessions = [session(f"s{i}", turn()) for i in range(2)]
+    asyncio.run(driver.run_open_loop(sessions, [0.0, 0.05], start_at))
+    records = sorted(driver.result.records, key=lambda r: r.scheduled_ns)
+    assert [r.scheduled_ns for r in records] == [asked_ns[0] + 80 * MS, asked_ns[0] + 130 * MS]
+    assert all(0 <= r.sent_ns - r.scheduled_ns < LAG_TOLERANCE_NS for r in records)
+
+
+def test_a_common_start_holds_the_closed_loop_until_then():
+    backend = FakeBackend()
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    start_ns = []
+
+    async def start_at() -> int:
+        start_ns.append(time.perf_counter_ns() + 80 * MS)
+        return start_ns[0]
+
+    asyncio.run(driver.run_closed_loop([session(f"s{i}", turn()) for i in range(2)], 2, start_at))
+    assert all(0 <= r.scheduled_ns - start_ns[0] < LAG_TOLERANCE_NS for r in driver.result.records)
 
 
 # --- lag ----------------------------------------------------------------------------------------
@@ -381,6 +417,72 @@ def test_the_real_tokenizer_renders_and_counts_the_tool_conversation():
     prompt = tokenizer.decode(second.prompt_ids)
     assert '"name": "find_river_0", "arguments": {"query": "nile"}' in prompt  # the call
     assert "6,650 km" in prompt  # its result
+
+
+class ScriptedBackend:
+    """Yields the given events, stamped in order (1, 2, ...), then raises `error` if given."""
+
+    name = "scripted"
+
+    def __init__(self, events: list[StreamEvent], error: Exception | None = None):
+        self.events, self.error = events, error
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def generate(self, request: GenerationRequest):
+        for event in self.events:
+            yield event
+        if self.error is not None:
+            raise self.error
+
+
+def test_the_record_keeps_what_was_asked_the_first_of_each_kind_and_the_servers_report():
+    timings = ServerTimings(source="llama.cpp timings", prompt_ms=3.0, cached_tokens=2)
+    events = [
+        StreamEvent(10, 2, reasoning_text="let me think"),
+        StreamEvent(20, 0, reasoning_text=" more"),
+        StreamEvent(30, 1, text="Yes"),
+        StreamEvent(40, 1, text=" sir"),
+        StreamEvent(
+            50,
+            0,
+            finish_reason="stop",
+            usage_completion_tokens=5,
+            cached_tokens=2,
+            server_timings=timings,
+            usage_reported=True,
+        ),
+    ]
+    driver = Driver(ScriptedBackend(events), Tokenizer.byte_level(), DriveOptions(ignore_eos=True))
+    asyncio.run(driver.run_closed_loop([session("s0", turn(max_tokens=7))], 1))
+    [record] = driver.result.records
+    assert (record.max_tokens, record.ignore_eos) == (7, True)
+    assert (record.chunk_ns, record.chunk_tokens) == ([10, 30, 40], [2, 1, 1])
+    assert (record.first_reasoning_ns, record.first_content_ns) == (10, 30)
+    assert record.output_text == "Yes sir"  # reasoning is not the reply fed to the next turn
+    assert (record.server_prompt_tokens, record.server_completion_tokens) == (None, 5)
+    assert record.usage_reported and record.server_timings == timings
+    assert record.cached_tokens == 2 and record.num_output_tokens == 5
+
+
+def test_a_failed_stream_keeps_its_tokens_and_its_final_event():
+    """A backend that yields its final event, then raises (a server error mid-stream): the
+    tokens and the server's report stay in the record beside the error."""
+    events = [
+        StreamEvent(10, 1, tool_call_text="search"),
+        StreamEvent(20, 0, usage_prompt_tokens=9, usage_reported=True),
+    ]
+    backend = ScriptedBackend(events, ConnectionError("server error in stream: full"))
+    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    asyncio.run(driver.run_closed_loop([session("s0", turn())], 1))
+    [record] = driver.result.records
+    assert record.error == "ConnectionError: server error in stream: full"
+    assert record.chunk_tokens == [1] and record.first_content_ns == 10
+    assert record.server_prompt_tokens == 9 and record.usage_reported
 
 
 # --- failures and cancellation ------------------------------------------------------------------

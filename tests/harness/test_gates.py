@@ -175,3 +175,25 @@ def test_default_gates_are_hardware_normalised_and_wide():
         assert gate.rule == "max_decrease"
         # wide enough for a noisy 2-core machine, tight enough to catch a 30% slower decode
         assert 0.10 <= gate.threshold < 0.30
+
+
+def test_moe_routing_metrics_are_device_independent_and_better_when_lower():
+    for name, unit in (
+        ("moe_decode_experts_touched", "experts per layer"),
+        ("moe_load_max_over_mean", "ratio"),
+    ):
+        info = metric_info(name)
+        assert (info.unit, info.kind, info.is_lower_better) == (unit, "device-independent", True)
+        assert not info.is_per_request and info.is_portable
+    gates = parse_gates(
+        "moe_load_max_over_mean: {max_increase: 10%, max: 3}\n"
+        "moe_decode_experts_touched: {max_increase: 5%}\n",
+        "g.yaml",
+    )
+    assert [g.name for g in gates] == [
+        "moe_load_max_over_mean max_increase 10%",
+        "moe_load_max_over_mean max 3",
+        "moe_decode_experts_touched max_increase 5%",
+    ]
+    with pytest.raises(UserError, match="better when lower; gate it with max_increase"):
+        parse_gates("moe_load_max_over_mean: {max_decrease: 10%}\n", "g.yaml")

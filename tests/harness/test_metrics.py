@@ -16,12 +16,16 @@ from llmbench.harness.metrics import (
     itl_samples_ms,
     percentile,
     queue_ms,
+    server_decode_ms_per_token,
+    server_prompt_ms,
     summarize,
     tpot_ms,
+    tpot_overhead_ms,
     ttft_from_send_ms,
     ttft_ms,
+    ttft_overhead_ms,
 )
-from llmbench.harness.records import RequestRecord
+from llmbench.harness.records import RequestRecord, ServerTimings
 
 MS = 1_000_000  # ns
 
@@ -37,6 +41,7 @@ def rec(
     cached: int | None = None,
     error: str | None = None,
     is_warmup: bool = False,
+    server_timings: ServerTimings | None = None,
 ) -> RequestRecord:
     """A record whose times are given in ms; chunks are (t_ms, num_tokens)."""
     return RequestRecord(
@@ -53,6 +58,7 @@ def rec(
         cached_tokens=cached,
         error=error,
         is_warmup=is_warmup,
+        server_timings=server_timings,
     )
 
 
@@ -288,3 +294,78 @@ def test_summarize_nothing_measured():
 
 def test_hit_rate_is_none_when_no_request_reports_cached_tokens():
     assert summarize([B])["prefix_cache_hit_rate"] is None
+
+
+def test_token_counts_are_not_checked_without_a_server_count():
+    """No completed request came with the server's prompt count: the mismatches are "not
+    checked" (None), not 0 (which would say the counts were checked and agreed)."""
+    assert summarize([C, D])["token_count_mismatches"] is None
+    assert summarize([A, C])["token_count_mismatches"] == 0  # A: checked, and equal
+
+
+def test_failed_fraction_and_the_most_common_errors():
+    timeout = rec(50, 50, [], 60, error="TimeoutError: read timed out")
+    again = rec(60, 60, [], 70, error="HTTP 500")
+    warm = rec(0, 0, [], 5, error="TimeoutError: read timed out", is_warmup=True)
+    s = summarize([A, timeout, D, again, warm])
+    assert s["failed_fraction"] == pytest.approx(0.75)  # 3 of 4 measured
+    assert s["failure_reasons"] == {"HTTP 500": 2, "TimeoutError: read timed out": 1}
+    assert list(s["failure_reasons"]) == ["HTTP 500", "TimeoutError: read timed out"]
+    assert summarize([A])["failure_reasons"] == {} and summarize([A])["failed_fraction"] == 0
+    assert summarize([W])["failed_fraction"] is None  # nothing measured
+
+
+# The same requests, with the timings their server reported (llama.cpp reports
+# prompt_ms and predicted_per_token_ms; another server may give only decode_ms and its tokens).
+TIMED_A = rec(
+    10, 12, [(110, 1), (130, 1), (150, 1), (190, 1)], 200,
+    server_timings=ServerTimings(prompt_ms=90.0, decode_ms_per_token=25.0, source="llama.cpp"),
+)  # fmt: skip
+TIMED_B = rec(
+    20, 20, [(70, 3), (100, 3), (130, 3)], 140,
+    server_timings=ServerTimings(prompt_ms=44.0, decode_ms=56.0, decode_tokens=8, source="x"),
+)  # fmt: skip
+TIMED_C = rec(30, 35, [(75, 1)], 80, server_timings=ServerTimings(prompt_ms=30.0, source="x"))
+TIMED_D = rec(
+    40, 40, [], 412, error="HTTP 500", server_timings=ServerTimings(prompt_ms=1.0, source="x")
+)
+
+
+def test_server_timings_and_the_overheads_per_request():
+    # A: TTFT from send 110 − 12 = 98 ms, TPOT (190 − 110) / 3 ms.
+    assert server_prompt_ms(TIMED_A) == 90.0 and ttft_overhead_ms(TIMED_A) == pytest.approx(8.0)
+    assert server_decode_ms_per_token(TIMED_A) == 25.0
+    assert tpot_overhead_ms(TIMED_A) == pytest.approx(80 / 3 - 25)
+    # B: 50 ms TTFT, TPOT 60 / 8 = 7.5 ms; per token from decode_ms / decode_tokens = 7 ms.
+    assert ttft_overhead_ms(TIMED_B) == pytest.approx(6.0)
+    assert server_decode_ms_per_token(TIMED_B) == pytest.approx(7.0)
+    assert tpot_overhead_ms(TIMED_B) == pytest.approx(0.5)
+    # C: one token (no TPOT) and no decode timing; A without timings has none of it.
+    assert ttft_overhead_ms(TIMED_C) == pytest.approx(10.0)  # 40 − 30
+    assert server_decode_ms_per_token(TIMED_C) is None and tpot_overhead_ms(TIMED_C) is None
+    assert server_prompt_ms(A) is None and ttft_overhead_ms(A) is None
+
+
+def test_summarize_splits_server_and_client_time():
+    s = summarize([TIMED_A, TIMED_B, TIMED_C, TIMED_D])
+    # Over completed requests only: D's timing is left out.
+    assert s["server_prompt_ms"]["count"] == 3
+    assert s["server_prompt_ms"]["mean"] == pytest.approx(164 / 3)  # (90 + 44 + 30) / 3
+    assert s["server_prompt_ms"]["p50"] == 44.0 and s["server_prompt_ms"]["max"] == 90.0
+    assert s["ttft_overhead_ms"]["mean"] == pytest.approx(8.0)  # (8 + 6 + 10) / 3
+    assert s["ttft_overhead_ms"]["p50"] == pytest.approx(8.0)
+    assert s["server_decode_ms_per_token"]["count"] == 2
+    assert s["server_decode_ms_per_token"]["mean"] == pytest.approx(16.0)  # (25 + 7) / 2
+    assert s["tpot_overhead_ms"]["mean"] == pytest.approx((80 / 3 - 25 + 0.5) / 2)
+    # p99 of two values, linear: 0.5 + 0.99 · (1.667 − 0.5).
+    assert s["tpot_overhead_ms"]["p99"] == pytest.approx(0.5 + 0.99 * (80 / 3 - 25 - 0.5))
+
+
+def test_server_timings_are_null_when_the_server_reported_none():
+    s = summarize([A, B, C, D])
+    for key in ("server_prompt_ms", "server_decode_ms_per_token"):
+        assert s[key] is None
+    assert s["ttft_overhead_ms"] is None and s["tpot_overhead_ms"] is None
+    # Only prompt timings: the decode side stays null.
+    s = summarize([TIMED_C])
+    assert s["server_prompt_ms"]["count"] == 1 and s["server_decode_ms_per_token"] is None

@@ -12,7 +12,7 @@ from llmbench.errors import UserError
 from llmbench.harness import record_log
 from llmbench.harness.driver import SessionStats
 from llmbench.harness.record_log import RecordLog
-from llmbench.harness.records import RequestRecord
+from llmbench.harness.records import RequestRecord, ServerTimings
 
 
 def a_record(i: int) -> RequestRecord:
@@ -98,3 +98,63 @@ def test_a_failed_write_is_reported_at_close(tmp_path):
     log.step(1)
     with pytest.raises(UserError, match="writing the records failed: steps.jsonl: ZeroDivision"):
         log.close()
+
+
+def test_a_record_with_server_timings_reads_back_as_written(tmp_path):
+    record = a_record(1)
+    record.server_timings = ServerTimings(
+        source="llama.cpp timings + openai usage",
+        prompt_ms=11.2,
+        decode_ms=56.4,
+        decode_ms_per_token=18.8,
+        prompt_tokens=40,
+        decode_tokens=3,
+        cached_tokens=32,
+    )
+    record.max_tokens, record.ignore_eos, record.usage_reported = 64, True, True
+    record.first_reasoning_ns, record.first_content_ns = 5, 7
+    log = RecordLog(tmp_path)
+    log.request(record)
+    log.request(a_record(2))
+    log.close()
+    assert record_log.read_requests(tmp_path) == [record, a_record(2)]
+
+
+def test_rewritten_requests_replace_the_file_whole(tmp_path):
+    """What is learnt after the run (the server's timings from its log) replaces the lines."""
+    log = RecordLog(tmp_path)
+    log.request(a_record(1))
+    log.request(a_record(2))
+    log.close()
+    timed = a_record(2)
+    timed.server_timings = ServerTimings(source="llama.cpp log", prompt_ms=97.5, cached_tokens=8)
+    record_log.rewrite_requests(tmp_path, [a_record(1), timed])
+    assert record_log.read_requests(tmp_path) == [a_record(1), timed]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "requests.jsonl",
+        "sessions.jsonl",
+        "steps.jsonl",
+    ]  # nothing left aside
+    with pytest.raises(UserError, match=f"{tmp_path / 'gone'}: writing the records failed: "):
+        record_log.rewrite_requests(tmp_path / "gone", [timed])
+
+
+# The fields of a requests.jsonl line before server timings were recorded.
+OLD_FIELDS = (
+    "request_id session_id turn scheduled_ns sent_ns end_ns chunk_ns chunk_tokens "
+    "num_prompt_tokens server_prompt_tokens server_completion_tokens cached_tokens output_text "
+    "finish_reason error is_warmup repetition"
+).split()
+
+
+def test_a_line_from_before_server_timings_reads_with_the_defaults(tmp_path):
+    old = {k: v for k, v in vars(a_record(1)).items() if k in OLD_FIELDS}
+    (tmp_path / "requests.jsonl").write_text(json.dumps(old) + "\n")
+    [record] = record_log.read_requests(tmp_path)
+    assert record == a_record(1)
+    assert (record.server_timings, record.max_tokens, record.usage_reported) == (None, 0, False)
+    assert (record.first_reasoning_ns, record.first_content_ns, record.ignore_eos) == (
+        None,
+        None,
+        False,
+    )

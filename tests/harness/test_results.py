@@ -10,6 +10,7 @@ import pytest
 
 from llmbench.errors import UserError
 from llmbench.harness import results
+from llmbench.harness.compare_runs import spec_differences
 from llmbench.harness.results import (
     Device,
     HardwareCeilings,
@@ -22,6 +23,7 @@ from llmbench.harness.results import (
     RunResult,
     TelemetryInfo,
 )
+from llmbench.harness.spec import RunSpec
 
 
 def a_result() -> RunResult:
@@ -234,3 +236,47 @@ def test_version_1_from_before_phases_is_refused(tmp_path):
     _write(tmp_path, data)
     with pytest.raises(UserError, match="schema_version 1 from before `roofline.phases`"):
         results.read_results(tmp_path)
+
+
+@pytest.mark.parametrize("is_estimated, weights", [(False, "float32"), (True, None)])
+def test_version_3_weights_and_shared_prefix_as_a_version_3_run_had_them(
+    tmp_path, is_estimated, weights
+):
+    """An engine's roofline ran its own dtype; a server's storage was not known; no version-3
+    run measured the prefix its prompts share."""
+    result = a_result()
+    data = json.loads(json.dumps(results.to_dict(result)))
+    data["schema_version"] = 3
+    del data["provenance"]["shared_prefix_tokens"], data["roofline"]["weights"]
+    data["roofline"]["is_estimated"] = is_estimated
+    _write(tmp_path, data)
+    migrated = results.read_results(tmp_path)
+    assert migrated.roofline.weights == weights
+    assert migrated.provenance.shared_prefix_tokens is None
+
+
+def test_version_3_has_no_kv_cache_record(tmp_path):
+    """A version-3 engine kept K/V in the model's dtype and recorded nothing about the cache."""
+    data = json.loads(json.dumps(results.to_dict(a_result())))
+    data["schema_version"] = 3
+    del data["provenance"]["kv_cache"]
+    _write(tmp_path, data)
+    assert results.read_results(tmp_path).provenance.kv_cache is None
+    data["schema_version"] = 4  # version 4 may leave it out too: null when not an engine run
+    _write(tmp_path, data)
+    assert results.read_results(tmp_path).provenance.kv_cache is None
+
+
+def test_a_version_3_spec_reads_with_the_fields_version_4_added_at_their_defaults(tmp_path):
+    """A version-3 run's spec lacks the keys version 4 added; they are what that run did (the
+    defaults), so `compare` sees the same benchmark where only the version changed."""
+    spec = RunSpec(name="gate")
+    data = json.loads(json.dumps(results.to_dict(dataclasses.replace(a_result(), spec={}))))
+    data["schema_version"] = 3
+    old_spec = spec.to_dict()
+    del old_spec["backend"]["headers"], old_spec["engine"]["quantize"], old_spec["quality"]
+    data["spec"] = old_spec
+    _write(tmp_path, data)
+    migrated = results.read_results(tmp_path)
+    assert migrated.spec == spec.to_dict()
+    assert spec_differences(migrated.spec, spec.to_dict()) == []

@@ -50,6 +50,27 @@ def test_phase_utilization_against_step_cost():
     assert unknown["decode"]["mbu"] is None and unknown["decode"]["bytes_per_s"] > 0
 
 
+def test_an_achieved_rate_above_its_ceiling_is_a_warning_not_a_utilisation():
+    """1 GB moved and 2 GFLOP in 50 ms: 20 GB/s and 40 GFLOP/s against a 19 GB/s read roof
+    and a 100 GFLOP/s peak. The bandwidth roof is wrong (MBU None, one line); MFU stands."""
+    from llmbench.harness.roofline import ceiling_warnings, phase_utilization
+
+    point = {"phase": "decode", "t_start_ns": 0, "t_end_ns": 50_000_000, "bytes": 1e9}
+    phases = phase_utilization([{**point, "flops": 2e9}], 19e9, 100e9)
+    assert phases["decode"]["mbu"] is None
+    assert phases["decode"]["mfu"] == pytest.approx(0.4)
+    assert ceiling_warnings(phases, 19e9, 100e9) == [
+        "decode bandwidth achieved 20.0 GB/s > measured ceiling 19.0 GB/s: the ceiling is "
+        "stale or wrong; re-measure with `llmbench hardware --refresh`"
+    ]
+    assert ceiling_warnings(phases, 21e9, 100e9) == []
+    assert ceiling_warnings(phases, 19e9, 100e9, "datasheet L4") == [
+        "decode bandwidth estimated at 20.0 GB/s > 19.0 GB/s of the datasheet L4: the weights' "
+        "bytes assumed are too many (set backend.weights) or the server is not on that hardware"
+    ]
+    assert ceiling_warnings(phases, None, None) == []
+
+
 def test_a_step_with_prefill_and_decode_is_mixed():
     from llmbench.harness.roofline import cost_steps, step_phase
 
@@ -114,3 +135,42 @@ def test_estimated_windows_add_up_to_the_whole_decode():
     step = decode_cost(config, 1, 1050, 2, 2)
     assert decode["bytes_per_s"] == pytest.approx(step.bytes / 1e-3, rel=0.01)
     assert decode["num_steps"] == pytest.approx(100)
+
+
+def test_a_speculative_step_counts_the_verified_rows_and_the_draft_models_passes():
+    from types import SimpleNamespace
+
+    from llmbench.harness.cost_model import DraftModel, draft_cost
+    from llmbench.harness.roofline import cost_steps
+
+    config = PRESETS["tiny"]
+    passes = (((20, 1), (30, 1)), ((21, 1), (31, 1)))  # two sequences, drafts 1 and 2
+    step = SimpleNamespace(
+        t_start_ns=0,
+        t_end_ns=1_000,
+        context_lens=(22, 32),
+        query_lens=(3, 3),  # each: its last token and 2 drafts
+        num_prefill_tokens=0,
+        num_decode_seqs=2,
+        num_proposed_tokens=4,
+        draft_passes=passes,
+    )
+    (plain,) = cost_steps(config, [step], 2, 2)
+    draft_model = DraftModel(config, weight_bytes_per_param=1.0, kv_bytes_per_elem=2.0)
+    (point,) = cost_steps(config, [step], 2, 2, draft=draft_model)
+    verify = step_cost(
+        config,
+        StepShape(
+            prefill=((19, 3), (29, 3)),
+            weight_bytes_per_param=2,
+            kv_bytes_per_elem=2,
+            num_draft_tokens=4,
+        ),
+    )
+    draft = draft_cost(draft_model, passes)
+    assert (plain["flops"], plain["bytes"]) == (verify.flops, verify.bytes)
+    assert "draft_flops" not in plain  # no draft model given: n-gram drafts cost nothing
+    assert point["flops"] == verify.flops + draft.flops
+    assert point["bytes"] == verify.bytes + draft.bytes
+    assert (point["draft_flops"], point["draft_bytes"]) == (draft.flops, draft.bytes)
+    assert point["phase"] == "decode"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -328,6 +329,44 @@ def test_a_failing_server_is_counted_and_the_run_completes(tmp_path, mode):
     assert all(reason in r["error"] for r in failed)
 
 
+def test_the_spec_s_headers_and_request_id_header_reach_the_server(tmp_path):
+    """`backend.headers` go on every request; `backend.request_id_header` adds a fresh UUID4
+    under that name (none by default: some servers refuse an id that is not a UUID)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.harness.streaming_server", "--port", "0"]
+        + ["--record", str(tmp_path / "record.jsonl"), "--ttft-ms", "1", "--tpot-ms", "1"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(server.stdout.readline())
+        result = llmbench(
+            "run",
+            "chat",
+            *TINY,
+            *SMALL["chat"],
+            "--set",
+            "backend.kind=openai",
+            "--set",
+            f"backend.url=http://127.0.0.1:{port}/v1",
+            "--set",
+            "backend.request_id_header=X-Request-Id",
+            "--set",
+            "backend.headers={X-Team: perf}",
+            "--out",
+            str(tmp_path / "run"),
+        )
+    finally:
+        server.kill()
+        server.wait()
+    assert result.returncode == 0, result.stderr
+    served = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    assert served and all(r["headers"].get("X-Team") == "perf" for r in served)
+    ids = [r["request_id"] for r in served]
+    assert all(uuid.UUID(i).version == 4 for i in ids) and len(set(ids)) == len(ids)
+
+
 def test_prepare_folder_makes_it_or_names_it_in_one_line(tmp_path):
     from llmbench.errors import UserError
     from llmbench.harness.run import prepare_folder
@@ -417,3 +456,129 @@ def test_the_summary_table_of_a_run_stopped_before_any_request():
     assert "0 requests completed, 0 failed in 0.0 s" in table
     assert "throughput: - output tok/s, - input tok/s, - req/s; goodput - req/s" in table
     assert table.endswith("interrupted (SIGTERM): partial results")
+
+
+def test_the_summary_table_of_a_server_says_what_it_does_not_know():
+    """An openai run against a server of unknown weights and hardware (before: "openai
+    smollm2-135m bfloat16 on ?" and GB/s that silently assumed 2-byte weights), with the
+    server's timings beside the client's and the run's warnings after the table."""
+    import dataclasses
+
+    from llmbench.harness.metrics import summarize
+    from llmbench.harness.records import RequestRecord, ServerTimings
+    from llmbench.harness.results import Device, Phase
+    from llmbench.harness.run import format_summary
+    from tests.harness.test_results import a_result
+
+    record = RequestRecord(
+        "r", "s", 0, scheduled_ns=0, sent_ns=0, end_ns=50_000_000,
+        chunk_ns=[20_000_000, 30_000_000, 40_000_000], chunk_tokens=[1, 1, 1],
+        server_timings=ServerTimings("llama.cpp", prompt_ms=15.0, decode_ms_per_token=8.0),
+    )  # fmt: skip
+    base = a_result()
+    result = dataclasses.replace(
+        base,
+        interrupted=False,
+        stop_reason=None,
+        spec={"backend": {"kind": "openai", "hardware": None}},
+        provenance=dataclasses.replace(
+            base.provenance, backend="openai", device=Device("remote", url="http://h:8/v1")
+        ),
+        summary={**summarize([record]), "warnings": ["the server reports no usage: x"]},
+        roofline=dataclasses.replace(
+            base.roofline,
+            is_estimated=True,
+            dtype="bfloat16",
+            roofs=None,
+            phases={"decode": Phase(10, 1.0, 16.55e9, 1e9, None, None, 0.06)},
+            weights=None,
+        ),
+    )
+    lines = format_summary(result).splitlines()
+    assert lines[0].startswith(
+        "chat: openai synthetic:tiny weights ? at http://h:8/v1 on server hardware unknown - 1 "
+    )
+    assert "TTFT from send                20.0      20.0      20.0" in lines
+    assert "  overhead                     5.0       5.0       5.0" in lines  # 20 − 15 ms
+    assert "  overhead                     2.0       2.0       2.0" in lines  # 10 − 8 ms
+    assert (
+        "roofline (estimated from the client; bytes assume bfloat16 weights: set "
+        "backend.weights): decode at 16.55 GB/s achieved (set backend.hardware for MBU/MFU)"
+    ) in lines
+    assert lines[-1] == "WARNING: the server reports no usage: x"
+
+
+def test_speculative_decoding_gives_the_same_replies_and_reports_its_numbers(tmp_path):
+    """rag with a draft model (the target's first layer) against the same run without: the
+    same greedy replies, and the run says how many drafts were accepted and what they cost."""
+    outs = {}
+    for name, sets in (
+        ("off", []),
+        (
+            "draft",
+            [
+                "--set",
+                "engine.speculative.method=draft",
+                "--set",
+                "engine.speculative.draft_model=self:layers=1",
+                "--set",
+                "engine.speculative.num_tokens=3",
+            ],
+        ),
+    ):
+        outs[name] = tmp_path / name
+        result = llmbench("run", "rag", *TINY, *SMALL["rag"], *sets, "--out", str(outs[name]))
+        assert result.returncode == 0, result.stderr
+        assert ("draft tokens accepted" in result.stdout) == (name == "draft")
+    assert replies(outs["draft"]) == replies(outs["off"])
+    off = json.loads((outs["off"] / "results.json").read_text())["summary"]
+    results = json.loads((outs["draft"] / "results.json").read_text())
+    s = results["summary"]["speculative"]
+    assert off["speculative"] is None
+    assert s["num_proposed_tokens"] > 0 and 0 <= s["acceptance_rate"] <= 1
+    assert s["draft_s"] > 0 and s["verify_s"] > 0 and s["draft_bytes"] > 0
+    assert results["spec"]["engine"]["speculative"]["draft_model"] == "self:layers=1"
+    requests = [json.loads(line) for line in (outs["draft"] / "requests.jsonl").open()]
+    measured = [r for r in requests if not r["is_warmup"]]
+    assert sum(r["num_draft_tokens"] for r in measured) == s["num_proposed_tokens"]
+    assert sum(r["num_accepted_draft_tokens"] for r in measured) == s["num_accepted_tokens"]
+    steps = [json.loads(line) for line in (outs["draft"] / "steps.jsonl").open()]
+    assert any(p.get("draft_passes") and p["draft_bytes"] > 0 for p in steps)
+
+
+def test_a_quantised_kv_cache_is_recorded_with_its_real_bytes_and_its_quality(tmp_path):
+    out = tmp_path / "run"
+    kv = ["--set", "engine.kv_cache_dtype={k: int8, v: int4}"]
+    budget = ["--set", "engine.kv_cache_memory=1000000"]
+    quality = ["--set", "quality={tokens: 64, context: 32, generate: 4}"]
+    result = llmbench(
+        "run", "chat", *TINY, *SMALL["chat"], *kv, *budget, *quality, "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["spec"]["engine"]["kv_cache_dtype"] == {"k": "int8", "v": "int4"}
+    # synthetic:tiny: 2 layers, 2 KV heads, head_dim 16: per layer and head an int8 key takes
+    # 16 + 2 (its float16 scale) bytes, an int4 value 8 + 2; 1,000,000 bytes hold
+    # floor(1e6 / (112 · 16)) = 558 blocks of 16 tokens.
+    assert results["provenance"]["kv_cache"] == {
+        "k_dtype": "int8",
+        "v_dtype": "int4",
+        "kv_bytes_per_token": 2 * 2 * (18 + 10),
+        "kv_cache_tokens": 558 * 16,
+        "kv_cache_bytes": 558 * 16 * 112,
+    }
+    # The cost model moves those bytes: (18 + 10) / 2 / 16 bytes per K/V element.
+    assert results["roofline"]["kv_bytes_per_elem"] == 0.875
+    # The quality block: the run's configuration against the unquantised model, in the
+    # summary and on the report beside the speed.
+    rows = results["summary"]["quality"]["rows"]
+    assert [r["kv_cache_dtype"] for r in rows] == [
+        {"k": "float32", "v": "float32"},
+        {"k": "int8", "v": "int4"},
+    ]
+    assert rows[0]["mean_kl"] == 0.0 and rows[1]["num_tokens_scored"] == 2 * 2 * 31
+    assert "quality: 2/2 weights as loaded, kv k=int8,v=int4" in result.stderr
+    page = (out / "report.html").read_text()
+    assert "perplexity (weights as loaded, kv k=int8,v=int4)" in page
+    assert "vs unquantised: KL / top-1 / greedy" in page
+    assert "keys int8, values int4: 112 B/token, 8,928 tokens" in page

@@ -22,21 +22,21 @@ def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
 
     spec_file = tmp_path / "remote.yaml"
     spec_file.write_text("dtype: bfloat16\nbackend: {kind: openai, url: 'http://x/v1'}\n")
-    # One stream decoding alone: 11 tokens 1 ms apart after a 10-token prompt.
+    # One stream decoding alone: 11 tokens 10 ms apart after a 10-token prompt (1.6 TB/s).
     record = RequestRecord(
         "r",
         "s",
         0,
         scheduled_ns=0,
         sent_ns=0,
-        end_ns=10_000_000,
+        end_ns=100_000_000,
         num_prompt_tokens=10,
-        chunk_ns=[i * 1_000_000 for i in range(11)],
+        chunk_ns=[i * 10_000_000 for i in range(11)],
         chunk_tokens=[1] * 11,
     )
     config = PRESETS["llama-3.1-8b"]
     step = decode_cost(config, 1, 16, 2, 2)  # contexts 11..20: mean 15.5 → 16
-    for hardware, mbu in (("h100", step.bytes / 1e-3 / 3.35e12), (None, None)):
+    for hardware, mbu in (("h100", step.bytes / 1e-2 / 3.35e12), (None, None)):
         spec = load_spec(spec_file, [f"backend.hardware={hardware}"] if hardware else [])
         setup, cost_step = roofline_setup(spec, None, config, None)
         assert cost_step is None and setup.is_estimated and setup.phases == {}
@@ -46,9 +46,46 @@ def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
         decode = phase_utilization(
             points, roofs and roofs.read_bytes_per_s, roofs and roofs.flops_per_s
         )["decode"]
-        assert decode["bytes_per_s"] == pytest.approx(step.bytes / 1e-3)
+        assert decode["bytes_per_s"] == pytest.approx(step.bytes / 1e-2)
         assert decode["mbu"] == (None if mbu is None else pytest.approx(mbu))
     assert setup.roofs is None and setup.datasheet_roofs is None
+
+
+@pytest.mark.parametrize(
+    ("weights", "bytes_per_param", "label"),
+    [
+        (["backend.weights=q4_1"], 20 / 32, "q4_1"),  # 32 weights in 16 B of nibbles + 2 f16
+        (["backend.weights=int8"], 1.0, "int8"),
+        (["backend.weights_bytes_per_param=0.6"], 0.6, "0.6 bytes/param"),
+        ([], 2.0, None),  # unknown: the bytes assume the spec's dtype, and the label says so
+    ],
+)
+def test_a_servers_weights_set_the_estimated_decode_bytes(
+    tmp_path, weights, bytes_per_param, label
+):
+    """A server running Q4_1 moves ~0.63 bytes per parameter, not bfloat16's 2: its estimated
+    decode bandwidth follows `backend.weights`; the KV cache stays in the spec's dtype."""
+    from llmbench.engine.presets import PRESETS
+    from llmbench.harness.cost_model import decode_cost
+    from llmbench.harness.records import RequestRecord
+    from llmbench.harness.run_roofs import estimated_points, roofline_setup
+    from llmbench.harness.spec import load_spec
+
+    spec_file = tmp_path / "remote.yaml"
+    spec_file.write_text("dtype: bfloat16\nbackend: {kind: openai, url: 'http://x/v1'}\n")
+    spec = load_spec(spec_file, weights)
+    record = RequestRecord(
+        "r", "s", 0, scheduled_ns=0, sent_ns=0, end_ns=10_000_000, num_prompt_tokens=10,
+        chunk_ns=[i * 1_000_000 for i in range(11)], chunk_tokens=[1] * 11,
+    )  # fmt: skip
+    config = PRESETS["llama-3.1-8b"]
+    setup, _ = roofline_setup(spec, None, config, None)
+    assert setup.weights == label and setup.weight_bytes_per_param == bytes_per_param
+    assert setup.kv_bytes_per_elem == 2.0
+    assert ("weights unknown (the bytes assume bfloat16" in setup.method) == (label is None)
+    (point,) = estimated_points(spec, config, [record])
+    step = decode_cost(config, 1, 16, bytes_per_param, 2.0)  # contexts 11..20: mean 16
+    assert point["bytes"] == pytest.approx(10 * step.bytes)  # 10 decode steps in the window
 
 
 def measured(matmul: dict[str, float]) -> HardwareCeilings:

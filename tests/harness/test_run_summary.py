@@ -145,7 +145,7 @@ def test_finish_fills_summary_and_phases_against_the_start_roofs():
     assert alone == {
         "repetition": 1,
         "is_partial": False,
-        **{k: v for k, v in summary.items() if k not in ("repetitions", "spread")},
+        **{k: v for k, v in summary.items() if k not in ("repetitions", "spread", "warnings")},
     }
     assert summary["spread"]["decode_mbu"] == {"mean": decode.mbu, "stdev": None, "cv": None}
     stopped = finish(
@@ -154,6 +154,47 @@ def test_finish_fills_summary_and_phases_against_the_start_roofs():
     assert stopped.interrupted and stopped.stop_reason == "SIGTERM"
     assert [r["is_partial"] for r in stopped.summary["repetitions"]] == [True]
     assert stopped.summary["spread"]["tpot_ms.p50"] == {"mean": None, "stdev": None, "cv": None}
+
+
+def test_finish_lists_the_run_warnings_by_the_spec_and_the_start():
+    """The run-level warnings in `summary.warnings`, judged by the spec's max_failed_fraction
+    and the shared prefix recorded at the start; a failure within the limit is said quietly."""
+    turns = [dataclasses.replace(r, usage_reported=True) for r in two_turns()]
+    turns[0] = dataclasses.replace(turns[0], cached_tokens=90, server_prompt_tokens=100)
+    base = a_result()
+    start = dataclasses.replace(
+        base,
+        spec={**base.spec, "max_failed_fraction": 0.5},
+        provenance=dataclasses.replace(base.provenance, shared_prefix_tokens=40),
+    )
+
+    def warnings(start) -> list[str]:
+        result = finish(
+            start,
+            turns,
+            [],
+            [],
+            results.TelemetryInfo(0.1),
+            start.provenance.machine_load,
+            None,
+            num_repetitions=1,
+            num_whole_repetitions=1,
+        )
+        return result.summary["warnings"]
+
+    assert warnings(start) == [
+        "1 of 2 measured requests failed (50.0%); most common error (1 of 1): HTTP 500; "
+        "latencies and rates are over the completed ones",
+        "the server's prefix cache was warm before this run (first requests hit 90%: 1 of 1 "
+        "first turns had more cached than the 40 tokens this run's prompts share): restart the "
+        "server or vary `seed` for cold-cache numbers",
+    ]
+    # A spec from before max_failed_fraction: 0.05; no shared prefix measured: no cache check.
+    older = dataclasses.replace(
+        base, provenance=dataclasses.replace(base.provenance, shared_prefix_tokens=None)
+    )
+    (line,) = warnings(older)
+    assert "(50.0%, above max_failed_fraction 5.0%)" in line
 
 
 def test_a_killed_run_is_rebuilt_from_its_files(tmp_path):
@@ -330,3 +371,20 @@ def test_a_run_killed_in_repetition_2_is_rebuilt_with_1_whole_and_2_partial(tmp_
     assert summary["spread"]["decode_mbu"] == pytest.approx(
         {"mean": 1 / 19, "stdev": None, "cv": None}
     )
+
+
+def test_a_rebuilt_run_keeps_the_servers_timings(tmp_path):
+    """The server-vs-client split comes back from requests.jsonl alone (`llmbench report`)."""
+    from llmbench.harness.records import ServerTimings
+
+    start = dataclasses.replace(a_result(), summary={}, stop_reason="not finished")
+    results.write_results(tmp_path, start, START_FILE)
+    timed = dataclasses.replace(
+        two_turns()[0], server_timings=ServerTimings("llama.cpp", prompt_ms=7.0, decode_ms=0.5)
+    )
+    (tmp_path / "requests.jsonl").write_text(json.dumps(dataclasses.asdict(timed)) + "\n")
+    summary = rebuild(tmp_path).summary
+    # Sent at 1 ms, first token at 10 ms: 9 ms from the send, 7 of them the server's prompt.
+    assert summary["server_prompt_ms"]["mean"] == 7.0
+    assert summary["ttft_overhead_ms"]["mean"] == pytest.approx(2.0)
+    assert summary["server_decode_ms_per_token"] is None  # decode_ms without its token count

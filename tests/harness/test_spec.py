@@ -262,9 +262,14 @@ def test_to_dict_holds_the_kind_and_its_fields_only(tmp_path):
         "final_output_tokens",
         "tools_as",
     }
-    assert spec.to_dict()["load"] == {"kind": "concurrency", "concurrency": 4, "sweep": None}
+    assert spec.to_dict()["load"] == {
+        "kind": "concurrency",
+        "concurrency": 4,
+        "sweep": None,
+        "workers": 1,
+    }
     trace = load_spec(write(tmp_path, "load: {kind: trace, trace: t.jsonl}\n"))
-    assert trace.to_dict()["load"] == {"kind": "trace", "trace": "t.jsonl"}
+    assert trace.to_dict()["load"] == {"kind": "trace", "trace": "t.jsonl", "workers": 1}
 
 
 def test_replace_keeps_the_kind():
@@ -329,3 +334,166 @@ def test_the_field_reference_lists_each_kinds_fields():
             for f in fields(cls):
                 actual.setdefault(f.name, set()).add(kind)
         assert documented == actual
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["max_failed_fraction=1.5"], "max_failed_fraction: must be between 0 and 1, got 1.5"),
+        (
+            ["backend.kind=openai", "backend.url=http://h/v1", "backend.weights=q4_9"],
+            "backend.weights: unknown 'q4_9'; use one of float32, bfloat16,",
+        ),
+        (
+            ["backend.kind=openai", "backend.url=http://h/v1", "backend.weights_bytes_per_param=0"],
+            "backend.weights_bytes_per_param: must be > 0, got 0.0",
+        ),
+        (
+            [
+                "backend.kind=openai",
+                "backend.url=http://h/v1",
+                "backend.weights=int8",
+                "backend.weights_bytes_per_param=1",
+            ],
+            "backend.weights_bytes_per_param: give backend.weights or this, not both",
+        ),
+        (["backend.weights=int8"], "backend.weights: only for backend kind 'openai'"),
+    ],
+)
+def test_failure_fraction_and_server_weights_are_checked(tmp_path, sets, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_spec(write(tmp_path, "name: t\n"), sets)
+
+
+def test_server_weights_and_the_failure_fraction_load(tmp_path):
+    path = write(tmp_path, "backend: {kind: openai, url: 'http://h/v1', weights: q4_1}\n")
+    spec = load_spec(path, ["max_failed_fraction=0.2"])
+    assert (spec.backend.weights, spec.max_failed_fraction) == ("q4_1", 0.2)
+    # How failures are judged is not what is measured: runs that differ in it compare.
+    assert spec.hash() == load_spec(path).hash()
+    assert load_spec(write(tmp_path, "name: t\n")).max_failed_fraction == 0.05
+
+
+def test_backend_headers_and_the_request_id_header(tmp_path):
+    path = write(tmp_path, "backend: {kind: openai, url: 'http://h/v1'}\n")
+    spec = load_spec(path)
+    assert (spec.backend.headers, spec.backend.request_id_header) == ({}, None)
+    sets = ["backend.headers.X-Tenant=bench", "backend.request_id_header=X-Request-Id"]
+    spec = load_spec(path, sets)
+    assert spec.backend.headers == {"X-Tenant": "bench"}
+    assert spec.backend.request_id_header == "X-Request-Id"
+    with pytest.raises(UserError, match="request_id_header: not an HTTP header name: 'X Id'"):
+        load_spec(path, ["backend.request_id_header=X Id"])
+    with pytest.raises(UserError, match="backend.headers.X-A: must be a string, got 1"):
+        load_spec(path, ["backend.headers.X-A=1"])
+
+
+def test_backend_server_log_is_for_one_openai_client_and_not_hashed(tmp_path):
+    path = write(tmp_path, "backend: {kind: openai, url: 'http://h/v1'}\n")
+    spec = load_spec(path, ["backend.server_log=/tmp/server.log"])
+    assert spec.backend.server_log == "/tmp/server.log"
+    assert spec.hash() == load_spec(path).hash()  # where timings are read, not what is measured
+    with pytest.raises(UserError, match="backend.server_log: only for backend kind 'openai'"):
+        load_spec(path, ["backend.server_log=x.log", "backend.kind=engine"])
+    with pytest.raises(UserError, match="backend.server_log: read by one client process"):
+        load_spec(path, ["backend.server_log=x.log", "load.workers=2"])
+
+
+def test_speculative_decoding_loads_and_overrides(tmp_path):
+    path = write(tmp_path, "engine: {speculative: {method: ngram, num_tokens: 3}}\n")
+    spec = load_spec(path)
+    s = spec.engine.speculative
+    assert (s.method, s.num_tokens, s.ngram_min, s.ngram_max) == ("ngram", 3, 2, 4)
+    assert s.draft_model is None
+    sets = ["engine.speculative.method=draft", "engine.speculative.draft_model=self:layers=8"]
+    drafted = load_spec(path, sets).engine.speculative
+    assert (drafted.method, drafted.draft_model) == ("draft", "self:layers=8")
+    assert drafted.num_tokens == 3
+    # Speculation is what is measured: it changes the spec hash.
+    assert load_spec(path).hash() != load_spec(write(tmp_path, "name: t\n")).hash()
+    assert load_spec(write(tmp_path, "name: t\n")).engine.speculative.method == "none"
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["engine.speculative.method=medusa"], "must be one of none, ngram, draft, got 'medusa'"),
+        (["engine.speculative.num_tokens=0"], "engine.speculative.num_tokens: must be >= 1, got 0"),
+        (
+            ["engine.speculative.ngram_min=5"],
+            "engine.speculative.ngram_min: need 1 <= ngram_min <= ngram_max, got 5 and 4",
+        ),
+        (
+            ["engine.speculative.method=draft"],
+            "engine.speculative.draft_model: required for method 'draft'",
+        ),
+        (
+            ["backend.kind=openai", "backend.url=http://h/v1", "engine.speculative.method=ngram"],
+            "engine.speculative.method: only for backend kind 'engine'",
+        ),
+        (["engine.speculative.k=4"], "engine.speculative.k: unknown key"),
+    ],
+)
+def test_speculative_decoding_mistakes_are_named(tmp_path, sets, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_spec(write(tmp_path, "name: t\n"), sets)
+
+
+@pytest.mark.parametrize(
+    ("text", "sets", "expected"),
+    [
+        ("", [], "auto"),
+        ("engine: {kv_cache_dtype: int8}\n", [], "int8"),
+        ("engine: {kv_cache_dtype: {k: bfloat16, v: int8}}\n", [], ("bfloat16", "int8")),
+        ("engine: {kv_cache_dtype: {v: int4}}\n", [], ("auto", "int4")),
+        ("", ["engine.kv_cache_dtype=int4"], "int4"),
+        ("", ["engine.kv_cache_dtype.k=int8", "engine.kv_cache_dtype.v=int4"], ("int8", "int4")),
+    ],
+)
+def test_kv_cache_dtype_one_format_or_keys_and_values_apart(tmp_path, text, sets, expected):
+    spec = load_spec(write(tmp_path, text), sets)
+    kv = spec.engine.kv_cache_dtype
+    assert (kv if isinstance(kv, str) else (kv.k, kv.v)) == expected
+    # results.json keeps it as written: a string, or a {k, v} mapping.
+    as_dict = spec.to_dict()["engine"]["kv_cache_dtype"]
+    if not isinstance(expected, str):
+        expected = {"k": expected[0], "v": expected[1]}
+    assert as_dict == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("engine: {kv_cache_dtype: int3}\n", "x.yaml:1: engine.kv_cache_dtype: must be one of"),
+        ("engine: {kv_cache_dtype: {k: int8, w: int4}}\n", "engine.kv_cache_dtype: must be"),
+        ("engine:\n  kv_cache_dtype: {k: int5}\n", "x.yaml:2: engine.kv_cache_dtype"),
+    ],
+)
+def test_kv_cache_dtype_mistakes_are_named(tmp_path, text, message):
+    with pytest.raises(UserError, match=message.replace(".", r"\.")):
+        load_spec(write(tmp_path, text))
+
+
+def test_quality_block_loads_and_is_left_out_of_the_hash(tmp_path):
+    plain = load_spec(write(tmp_path, ""))
+    spec = load_spec(write(tmp_path, "quality: {tokens: 256, generate: 8}\n"))
+    assert (spec.quality.text, spec.quality.tokens, spec.quality.context) == (None, 256, 512)
+    assert spec.quality.generate == 8 and plain.quality is None
+    assert spec.hash() == plain.hash()  # the same workload, measured with quality beside it
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["quality.tokens=1"], "quality.tokens: must be >= 2, got 1"),
+        (["quality.generate=-1"], "quality.generate: must be >= 0, got -1"),
+        (["quality.colour=red"], "quality: unknown key; known keys here: context, generate,"),
+        (
+            ["backend.kind=openai", "backend.url=http://h/v1", "quality.tokens=64"],
+            "quality: only for backend kind 'engine'",
+        ),
+    ],
+)
+def test_quality_block_mistakes_are_named(tmp_path, sets, message):
+    with pytest.raises(UserError, match=message.replace(".", r"\.")):
+        load_spec(write(tmp_path, ""), sets)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -42,3 +43,16 @@ def test_export_of_a_missing_folder_is_one_line(tmp_path):
     result = llmbench("export", str(tmp_path / "nope"))
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: {tmp_path / 'nope'}: no results.json here")
+
+
+def test_request_rows_carry_the_servers_timings_as_columns():
+    from llmbench.reports.export import request_rows
+    from tests.reports.test_html_report import _run, _timed
+
+    row = request_rows(_run("t", [_timed(0, 8.0, 3.0)]))[0]
+    bare = dataclasses.replace(_timed(0, 8.0, 3.0), server_timings=None)
+    untimed = request_rows(_run("u", [bare]))[0]
+    assert "server_timings" not in row
+    assert (row["server_prompt_ms"], row["ttft_overhead_ms"]) == (8.0, 2.0)  # TTFT 10 ms
+    assert (row["server_decode_ms_per_token"], row["tpot_overhead_ms"]) == (3.0, 1.0)  # TPOT 4
+    assert untimed["server_prompt_ms"] is None and untimed["tpot_overhead_ms"] is None

@@ -3,13 +3,14 @@ measured nothing, PNGs written beside the page."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import fields
 from pathlib import Path
 
 from matplotlib.image import imread
 
 from llmbench.harness import metrics
-from llmbench.harness.records import RequestRecord
+from llmbench.harness.records import RequestRecord, ServerTimings
 from llmbench.reports import html_report
 from llmbench.reports.figure import PNG_DPI
 from llmbench.reports.rundata import RunData
@@ -17,13 +18,15 @@ from llmbench.reports.rundata import RunData
 MS = 1_000_000
 
 
-def _run(name: str, requests: list[RequestRecord], interrupted: bool = False) -> RunData:
+def _run(
+    name: str, requests: list[RequestRecord], interrupted: bool = False, warnings=()
+) -> RunData:
     given = {
         "folder": Path("."),
         "results": {
             "name": name,
             "interrupted": interrupted,
-            "summary": metrics.summarize(requests),
+            "summary": {**metrics.summarize(requests), "warnings": list(warnings)},
             "provenance": {"backend": "engine", "model": "m<1>", "device": {"name": "cpu"}},
             "spec": {"name": name},
             "roofline": None,
@@ -52,7 +55,7 @@ def test_text_from_the_run_is_escaped():
     html = html_report.render(_run("<script>alert(1)</script>", [])).html
     assert "<script>" not in html
     assert "<title>llmbench: &lt;script&gt;alert(1)&lt;/script&gt;</title>" in html
-    assert "engine · m&lt;1&gt; · " in html  # the subtitle
+    assert '<p class="sub">engine m&lt;1&gt; ' in html  # the subtitle
     assert "&#34;name&#34;: &#34;&lt;script&gt;" in html  # the spec, as JSON in <pre>
 
 
@@ -86,3 +89,42 @@ def test_page_writes_its_figures_as_pngs_beside_it(tmp_path):
         width_in, height_in = plot.figure.get_size_inches()
         image = imread(tmp_path / "figures" / f"{plot.key}.png")
         assert image.shape[:2] == (round(height_in * PNG_DPI), round(width_in * PNG_DPI))
+
+
+def _timed(i: int, prompt_ms: float, per_token_ms: float) -> RequestRecord:
+    """Sent at 0: first token at 10 + 5i ms, then 3 more 4 ms apart (TPOT 4 ms)."""
+    first = 10 + 5 * i
+    return RequestRecord(
+        request_id=f"r{i}",
+        session_id=f"s{i}",
+        turn=0,
+        scheduled_ns=0,
+        sent_ns=0,
+        end_ns=(first + 12) * MS,
+        chunk_ns=[(first + 4 * k) * MS for k in range(4)],
+        chunk_tokens=[1] * 4,
+        server_timings=ServerTimings("llama.cpp", prompt_ms, decode_ms_per_token=per_token_ms),
+    )
+
+
+def test_server_timings_get_a_table_and_figures_beside_the_clients():
+    page = html_report.render(_run("timed", [_timed(0, 8.0, 3.0), _timed(1, 12.0, 3.5)]))
+    assert "<h2>Server vs client</h2>" in page.html
+    # Request 0: TTFT 10 ms, server 8 ms: 2 ms; request 1: 15 − 12 = 3 ms; mean 2.5.
+    assert "<td>overhead (ttft_overhead_ms)</td><td>2.5</td>" in page.html
+    assert "<td>overhead (tpot_overhead_ms)</td><td>0.8</td>" in page.html  # 4 − 3, 4 − 3.5
+    keys = [plot.key for plot in page.plots]
+    assert "server-client-ttft" in keys and "server-client-tpot" in keys
+    no_timings = dataclasses.replace(_timed(0, 8.0, 3.0), server_timings=None)
+    untimed = html_report.render(_run("untimed", [no_timings]))
+    assert "Server vs client" not in untimed.html
+
+
+def test_a_run_whose_requests_all_failed_has_a_banner_first():
+    failed = RequestRecord("r", "s", 0, 0, 0, 5 * MS, error="HTTP 400: (empty body)")
+    line = "all 1 measured requests failed; most common error (1 of 1): HTTP 400: (empty body)"
+    html = html_report.render(_run("failed", [failed], warnings=[line])).html
+    banner = f'<div class="banner" role="alert"><strong>Failed requests:</strong> {line}</div>'
+    assert banner in html
+    assert html.index(banner) < html.index('<div class="cards">')
+    assert html.count("HTTP 400: (empty body)") == 1  # the banner, not a warning line again

@@ -85,3 +85,86 @@ def test_repetition_rows_one_per_repetition_then_mean_and_cv():
     # One repetition: nothing to show (the rest of the report is the run).
     assert tables.repetition_rows(_summary_run({"repetitions": repetitions[:1]})) == []
     assert tables.repetition_rows(_summary_run({})) == []
+
+
+def _results_run(results: dict) -> RunData:
+    given = {"folder": Path("."), "results": results}
+    return RunData(**{f.name: given.get(f.name) for f in fields(RunData)})
+
+
+def _failed(num_completed: int, num_failed: int, **summary) -> dict:
+    return {
+        "num_completed": num_completed,
+        "num_failed": num_failed,
+        "failed_fraction": num_failed / (num_completed + num_failed),
+        "failure_reasons": {"HTTP 400: (empty body)": num_failed},
+        **summary,
+    }
+
+
+def test_a_failure_banner_above_the_spec_fraction_only():
+    everything = _results_run({"summary": _failed(0, 6), "spec": {}})
+    assert tables.failure_banner(everything) == (
+        "all 6 measured requests failed; most common error (6 of 6): HTTP 400: (empty body)"
+    )
+    some = _failed(9, 1)  # 10%
+    assert tables.failure_banner(_results_run({"summary": some, "spec": {}})) is not None
+    lenient = {"summary": some, "spec": {"max_failed_fraction": 0.2}}
+    assert tables.failure_banner(_results_run(lenient)) is None
+
+
+def test_warnings_are_the_summarys_the_banner_said_once():
+    banner = "all 6 measured requests failed; most common error (6 of 6): HTTP 400: (empty body)"
+    summary = _failed(0, 6, warnings=[banner, "the server reports no usage: x"])
+    run = _results_run({"summary": summary, "spec": {}, "interrupted": True, "provenance": {}})
+    assert tables.warnings(run) == [
+        "The run was interrupted: these are partial results.",
+        "The server reports no usage: x.",
+    ]
+
+
+def test_warnings_of_a_result_from_before_summary_warnings():
+    summary = {"num_failed": 2, "machine_busy": True, "token_count_mismatches": 1}
+    provenance = {"machine_load": {"other_processes_cores": 0.9, "cpu_count": 2}}
+    run = _results_run({"summary": summary, "provenance": provenance})
+    assert tables.warnings(run) == [
+        "The machine was busy: other processes used 0.9 cores during the run (of 2); the "
+        "numbers are pessimistic.",
+        "2 requests failed; latencies are over completed ones.",
+        "1 requests: the server counted a different number of prompt tokens than the client "
+        "tokenizer.",
+    ]
+
+
+def test_server_client_rows_by_hand():
+    from llmbench.harness.metrics import distribution
+
+    summary = {
+        "ttft_from_send_ms": distribution([100.0, 120.0]),
+        "server_prompt_ms": distribution([90.0, 100.0]),
+        "ttft_overhead_ms": distribution([10.0, 20.0]),
+        "tpot_ms": distribution([20.0]),
+        "server_decode_ms_per_token": None,
+        "tpot_overhead_ms": None,
+    }
+    rows = tables.server_client_rows(_summary_run(summary))
+    assert len(tables.SERVER_CLIENT_HEADER) == len(rows[0]) == 7
+    assert rows[:3] == [
+        ["TTFT from send (ttft_from_send_ms)", "110.0", "110.0", "118.0", "119.0", "119.8", "2"],
+        ["server prompt (server_prompt_ms)", "95.0", "95.0", "99.0", "99.5", "99.9", "2"],
+        ["overhead (ttft_overhead_ms)", "15.0", "15.0", "19.0", "19.5", "19.9", "2"],
+    ]
+    assert rows[4] == ["server decode (server_decode_ms_per_token)", *["-"] * 5, "0"]
+    assert tables.server_client_rows(_summary_run({"tpot_ms": summary["tpot_ms"]})) == []
+
+
+def test_the_model_row_never_names_a_dtype_a_server_did_not_say():
+    engine = {"provenance": {"model": "m", "dtype": "float32", "device": {"type": "cpu"}}}
+    assert dict(tables.provenance_rows(_results_run(engine)))["model"] == "m (float32)"
+    server = {
+        "provenance": {"model": "m", "dtype": "bfloat16", "device": {"type": "remote"}},
+        "roofline": {"weights": None},
+    }
+    assert dict(tables.provenance_rows(_results_run(server)))["model"] == "m (weights ?)"
+    server["roofline"]["weights"] = "q4_1"
+    assert dict(tables.provenance_rows(_results_run(server)))["model"] == "m (weights q4_1)"

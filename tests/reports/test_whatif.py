@@ -65,3 +65,21 @@ def test_page_has_three_figures_a_table_and_pngs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == sorted(
         f"{k}.png" for k in keys
     )
+
+
+def test_a_moe_pages_table_and_hover_texts_give_the_experts_touched():
+    moe = {
+        **RESULT,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "points": [
+            {**p, "experts_touched_per_layer": touched}
+            for p, touched in zip(RESULT["points"], (2.0, 8.0), strict=True)
+        ],
+    }
+    points = whatif.roofline(moe).figure.axes[0].collections[-1]
+    assert points.get_urls()[0].endswith("memory-bound, 2 experts per layer")
+    page = whatif.render(moe)
+    assert "<th>experts / layer</th>" in page.html and "<td>8.00</td>" in page.html
+    assert "8 experts per layer, top-2" in page.html
+    assert "<th>experts / layer</th>" not in whatif.render(RESULT).html  # dense: no column

@@ -44,8 +44,10 @@ class EngineBackend:
             temperature=request.temperature,
             ignore_eos=request.ignore_eos,
         )
+        speculates = self.engine.proposer is not None
         async for out in self.client.generate(prompt_ids, params, request.request_id):
             final = out.finished
+            counts_drafts = final and speculates
             yield StreamEvent(
                 t_ns=out.t_ns,
                 num_tokens=len(out.new_token_ids),
@@ -54,6 +56,8 @@ class EngineBackend:
                 usage_prompt_tokens=out.num_prompt_tokens if final else None,
                 usage_completion_tokens=None,
                 cached_tokens=out.num_cached_tokens if final else None,
+                num_draft_tokens=out.num_proposed_tokens if counts_drafts else None,
+                num_accepted_draft_tokens=out.num_accepted_tokens if counts_drafts else None,
             )
 
     async def close(self) -> None:

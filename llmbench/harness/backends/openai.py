@@ -2,37 +2,34 @@
 
 The network loop is thin: every read is stamped with `time.perf_counter_ns()` as soon as it
 returns, then `StreamParser` (pure, no I/O, unit-tested byte by byte) turns the Server-Sent
-Events into `StreamEvent`s. Per chunk that is one `bytes.split`, one stdlib JSON decode and a
-few dict lookups: one asyncio process follows ~30,000 chunks/s on one core (2,000 streams at
-once measured), all of it in aiohttp and the parser.
+Events into `StreamEvent`s and says, at the end, whether the reply is complete. Per chunk that
+is one `bytes.split`, one stdlib JSON decode and a few dict lookups (plus the client
+tokenizer on a short tail of the text): one asyncio process follows ~30,000 chunks/s on one core
+(2,000 streams at once measured), all of it in aiohttp and the parser.
 
-Output tokens per chunk (a chunk may carry several; the first delta may carry none):
-- with `count_tokens`: k = count(text so far) − count(text before this chunk), at least 1, so a
-  chunk carrying several tokens (speculative decoding, batched deltas) counts as several; "text
-  so far" is the last 64 characters plus the chunk, which gives the same k at a constant cost;
-- without it: 1 per chunk that carries text.
-Reasoning deltas (`reasoning_content` / `reasoning`) and streamed tool calls (the function name
-and argument pieces of `tool_calls`) are output tokens too, but they are not the reply: their
-event has `text == ""` and `num_tokens > 0`. So the first event with tokens is the first token of
-any kind, and the first event with text is the first content token. Role-only or empty deltas
-carry no tokens and produce no event.
+Nothing is sent that a server could refuse unless asked for: no request-id header by default
+(llama-cpp-python's server answers 400 to an `X-Request-Id` that is not a UUID), `backend.headers`
+on every request, `backend.request_id_header` for a fresh UUID4 per request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
 
+from llmbench.harness.backends.openai_stream import (
+    StreamError,
+    StreamParser,
+    clip,
+    num_tokens_text,
+)
 from llmbench.harness.records import GenerationRequest, StreamEvent
 
-_MAX_BODY_CHARS = 200  # of an error body, in a BackendError message
-_COUNT_CONTEXT_CHARS = 64  # text before a chunk that its token count is taken against (see below)
-_decode_json = json.JSONDecoder().raw_decode  # json.loads minus its whitespace regex; ~40% faster
 _DRAIN_AFTER_DONE_S = 1.0  # wait this long for the end of the HTTP body after `data: [DONE]`
 
 
@@ -40,132 +37,14 @@ class BackendError(Exception):
     """A request (or the connection to the server) failed; the message is a one-line reason."""
 
 
-class StreamParser:
-    """Server-Sent Events of one streamed completion → `StreamEvent`s.
-
-    Feed it the bytes of every network read with the time the read returned; lines split across
-    reads are joined. Only `data:` lines matter; comments (`: ping`), blank lines and other SSE
-    fields are skipped.
-    """
-
-    def __init__(self, use_chat: bool, count_tokens: Callable[[str], int] | None = None) -> None:
-        self.use_chat = use_chat
-        self.count_tokens = count_tokens
-        self.is_done = False  # saw `data: [DONE]`
-        self.finish_reason: str | None = None
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.cached_tokens: int | None = None
-        self._tail = b""  # an incomplete line, waiting for the rest of it
-        self._context = ""  # the last output text (only kept with count_tokens)
-
-    def feed(self, data: bytes, t_ns: int) -> list[StreamEvent]:
-        """The events carried by the complete lines in `tail + data`, all stamped `t_ns`."""
-        lines = (self._tail + data).split(b"\n") if self._tail else data.split(b"\n")
-        self._tail = lines.pop()
-        events = []
-        for line in lines:
-            event = self._line(line, t_ns)
-            if event is not None:
-                events.append(event)
-        return events
-
-    def finish(self, t_ns: int) -> list[StreamEvent]:
-        """At the end of the body: the events of a last unterminated line, then the final event
-        (usage, finish reason). Raises `BackendError` if the stream was cut short."""
-        events = self.feed(b"\n", t_ns) if self._tail else []
-        if not self.is_done and self.finish_reason is None:
-            raise BackendError("stream ended without [DONE] or a finish_reason")
-        final = StreamEvent(
-            t_ns,
-            0,
-            finish_reason=self.finish_reason,
-            usage_prompt_tokens=self.prompt_tokens,
-            usage_completion_tokens=self.completion_tokens,
-            cached_tokens=self.cached_tokens,
-        )
-        return [*events, final]
-
-    def _line(self, line: bytes, t_ns: int) -> StreamEvent | None:
-        if not line.startswith(b"data:") or self.is_done:
-            return None  # blank line (event boundary), `: comment`, `event:`/`id:`/`retry:`
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            self.is_done = True
-            return None
-        try:
-            text = payload.decode()
-            chunk, end = _decode_json(text)
-        except ValueError:  # also UnicodeDecodeError
-            chunk, end = None, 0
-        if not isinstance(chunk, dict) or end != len(text):
-            detail = _clip(payload.decode(errors="replace"))
-            raise BackendError(f"malformed stream: data line is not a JSON object: {detail}")
-        try:
-            return self._chunk(chunk, t_ns)
-        except (AttributeError, IndexError, KeyError, TypeError):  # e.g. "choices": "oops"
-            detail = _clip(payload.decode(errors="replace"))
-            raise BackendError(f"malformed stream: unexpected chunk layout: {detail}") from None
-
-    def _chunk(self, chunk: dict[str, Any], t_ns: int) -> StreamEvent | None:
-        if chunk.get("error") or chunk.get("object") == "error":
-            error = chunk.get("error") or chunk
-            message = error.get("message", error) if isinstance(error, dict) else error
-            raise BackendError(f"server error in stream: {_clip(str(message))}")
-        usage = chunk.get("usage")
-        if usage:  # the include_usage chunk (some servers repeat it on every chunk: keep the last)
-            self.prompt_tokens = usage.get("prompt_tokens")
-            self.completion_tokens = usage.get("completion_tokens")
-            details = usage.get("prompt_tokens_details")
-            if details:
-                self.cached_tokens = details.get("cached_tokens")
-        choices = chunk.get("choices")
-        if not choices:
-            return None
-        choice = choices[0]
-        if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
-        if self.use_chat:
-            delta = choice.get("delta") or {}
-            text = delta.get("content") or ""
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-            reasoning += _tool_call_text(delta.get("tool_calls"))
-        else:
-            text = choice.get("text") or ""
-            reasoning = ""
-        if not text and not reasoning:
-            return None  # role-only / empty delta, or a finish_reason-only chunk: no token
-        if self.count_tokens is None:
-            return StreamEvent(t_ns, 1, text)
-        # k = count(context + new) − count(context), the context being the last
-        # _COUNT_CONTEXT_CHARS of the output: the same k as counting the whole text before and
-        # after (tokenizers merge across a few characters, not 64), at a constant cost per chunk
-        # instead of one that grows with the reply.
-        new = reasoning + text
-        context = self._context
-        num_tokens = self.count_tokens(context + new) - self.count_tokens(context)
-        self._context = (context + new)[-_COUNT_CONTEXT_CHARS:]
-        return StreamEvent(t_ns, max(1, num_tokens), text)
-
-
-def _tool_call_text(tool_calls: list[dict[str, Any]] | None) -> str:
-    """The text a model generated for streamed tool calls: function names and argument pieces.
-
-    Like reasoning, it is output the model generated but not reply text."""
-    parts = []
-    for call in tool_calls or ():
-        function = call.get("function") or {}
-        parts += [function.get("name") or "", function.get("arguments") or ""]
-    return "".join(parts)
-
-
 class OpenAIBackend:
     """Streams completions from an OpenAI-compatible server over one pooled aiohttp session.
 
     `url` is the API base, e.g. `http://127.0.0.1:8000/v1`. `model=None` asks `GET /models` for
     the first model at `start()`. `count_tokens` (text → token count, the client tokenizer)
-    splits multi-token chunks; without it each chunk counts as one token. A request that takes
-    longer than `timeout_s` in all fails with a `BackendError`.
+    splits multi-token chunks; without it each chunk counts as one token. `headers` go with
+    every request; `request_id_header` (e.g. "X-Request-Id") names a header that carries a
+    fresh UUID4 per request. A request that takes longer than `timeout_s` in all fails.
     """
 
     name = "openai"
@@ -178,6 +57,8 @@ class OpenAIBackend:
         api_key: str | None = None,
         timeout_s: float = 600.0,
         max_connections: int = 2048,
+        headers: Mapping[str, str] | None = None,
+        request_id_header: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.model = model
@@ -185,11 +66,15 @@ class OpenAIBackend:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.max_connections = max_connections
+        self.headers = dict(headers or {})
+        self.request_id_header = request_id_header
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         """Open the connection pool; find the served model when none was given."""
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        headers = dict(self.headers)
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self.max_connections),
             headers=headers,
@@ -209,28 +94,34 @@ class OpenAIBackend:
             self._session = None
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        """POST one streamed completion; yield an event per chunk with tokens, then always one
-        final event with `num_tokens == 0` (finish reason, the server's usage).
+        """POST one streamed completion; yield an event per chunk with output, then one final
+        event with `num_tokens == 0` (finish reason, usage, the server's timings).
 
-        The request id goes along as `X-Request-Id`, for matching server-side logs. Raises
-        `BackendError` on an HTTP error, a dropped connection, a malformed stream, a stream that
-        ends without `[DONE]` or a finish_reason, or a timeout.
+        Raises `BackendError` on an HTTP error, a failed or dropped connection, a malformed
+        stream, a timeout, and, after the final event, on a reply that is not complete: a
+        server error in the stream, no output token, no finish reason. Events already yielded
+        stay the request's (the driver keeps the tokens a failed request received).
         """
         if self._session is None:
             raise RuntimeError("OpenAIBackend.start() was not called")
         path, body = self._body(request)
-        parser = StreamParser(request.use_chat, self.count_tokens)
+        parser = StreamParser(request.use_chat, self.count_tokens, request.max_tokens)
+        headers = {self.request_id_header: str(uuid.uuid4())} if self.request_id_header else None
         is_replying = False  # the response headers arrived
+        dropped: str | None = None  # why the connection ended early
         t_ns = 0
         try:
-            async with self._session.post(
-                self.url + path, json=body, headers={"X-Request-Id": request.request_id}
-            ) as response:
+            async with self._session.post(self.url + path, json=body, headers=headers) as response:
                 is_replying = True
                 if response.status >= 400:
                     text = await response.text(errors="replace")
-                    raise BackendError(f"HTTP {response.status}: {_clip(text)}")
+                    raise BackendError(f"HTTP {response.status}: {quote_body(text)}")
                 content = response.content
+                if response.content_type == "application/json":  # the server did not stream
+                    data = await content.read()
+                    t_ns = time.perf_counter_ns()
+                    for event in parser.feed_response(data, t_ns):
+                        yield event
                 while not parser.is_done:
                     data = await content.readany()
                     t_ns = time.perf_counter_ns()  # before any parsing: the chunk's arrival
@@ -249,12 +140,21 @@ class OpenAIBackend:
             raise BackendError(f"timeout after {self.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError as e:
             raise BackendError(f"cannot connect to {self.url}: {e.os_error}") from None
+        except StreamError as e:
+            raise BackendError(str(e)) from None
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-            if is_replying:
-                raise BackendError("connection dropped mid-stream") from None
-            raise BackendError(f"connection failed before a reply: {_clip(str(e))}") from None
-        for event in parser.finish(t_ns):
-            yield event
+            if not is_replying:
+                raise BackendError(f"connection failed before a reply: {clip(str(e))}") from None
+            dropped = f"connection dropped mid-stream after {num_tokens_text(parser.num_tokens)}"
+            t_ns = time.perf_counter_ns()
+        try:
+            for event in parser.finish(t_ns, is_cut=dropped is not None):
+                yield event
+        except StreamError as e:
+            raise BackendError(str(e)) from None
+        failure = dropped or parser.failure()
+        if failure is not None:
+            raise BackendError(failure)
 
     def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         """The path and JSON body. Chat: the messages as given (assistant `tool_calls`, `tool`
@@ -287,20 +187,21 @@ class OpenAIBackend:
             ) as response:
                 if response.status >= 400:
                     text = await response.text(errors="replace")
-                    raise BackendError(f"GET /models gave HTTP {response.status}: {_clip(text)}")
+                    status = response.status
+                    raise BackendError(f"GET /models gave HTTP {status}: {quote_body(text)}")
                 listing = await response.json(content_type=None)
         except asyncio.TimeoutError:
             raise BackendError("no answer from GET /models in 10 s") from None
         except aiohttp.ClientConnectorError as e:
             raise BackendError(str(e.os_error)) from None
         except (aiohttp.ClientError, ValueError) as e:
-            raise BackendError(_clip(str(e) or type(e).__name__)) from None
+            raise BackendError(clip(str(e) or type(e).__name__)) from None
         models = listing.get("data") if isinstance(listing, dict) else None
         if not models or not isinstance(models[0], dict) or "id" not in models[0]:
             raise BackendError("GET /models listed no model")
         return models[0]["id"]
 
 
-def _clip(text: str) -> str:
-    """One line of at most `_MAX_BODY_CHARS` characters."""
-    return " ".join(text.split())[:_MAX_BODY_CHARS]
+def quote_body(text: str) -> str:
+    """An HTTP error body for a one-line message: its text, or "(empty body)"."""
+    return clip(text) or "(empty body)"

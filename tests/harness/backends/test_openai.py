@@ -1,5 +1,6 @@
-"""The OpenAI backend: the SSE parser byte by byte, then the client against a real streaming
-server (a subprocess) whose own record of its writes is the reference for every timestamp."""
+"""The OpenAI backend's HTTP client against a real streaming server (a subprocess) whose own
+record of its writes is the reference for every timestamp; what it sends (headers, body) and
+how it fails (HTTP errors, dropped connections, timeouts)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
-from llmbench.harness.backends.openai import BackendError, OpenAIBackend, StreamParser
-from llmbench.harness.records import GenerationRequest, RequestRecord, StreamEvent
+from llmbench.harness.backends.openai import BackendError, OpenAIBackend
+from llmbench.harness.records import GenerationRequest, RequestRecord
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 P95_ERROR_NS = 2_000_000  # client vs server clock, per TTFT / TPOT / chunk / ITL
 MAX_ERROR_NS = 8_000_000  # any one sample: below the 10 ms token gap, so a misaligned chunk fails
 NUM_ATTEMPTS = 3
@@ -32,158 +35,6 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
-def sse(chunk: dict) -> bytes:
-    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
-
-
-def delta(**fields) -> bytes:
-    return sse({"choices": [{"index": 0, "delta": fields, "finish_reason": None}]})
-
-
-FINISH = sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-USAGE = sse(
-    {
-        "choices": [],
-        "usage": {
-            "prompt_tokens": 7,
-            "completion_tokens": 5,
-            "prompt_tokens_details": {"cached_tokens": 4},
-        },
-    }
-)
-DONE = b"data: [DONE]\n\n"
-
-
-def parse(stream: bytes, use_chat=True, count_tokens=None, read_size=None) -> list[StreamEvent]:
-    """Feed `stream` in reads of `read_size` bytes (all at once if None), stamped 0, 1, 2..."""
-    parser = StreamParser(use_chat, count_tokens)
-    size = read_size or len(stream)
-    events = []
-    for t_ns, start in enumerate(range(0, len(stream), size)):
-        events += parser.feed(stream[start : start + size], t_ns)
-    return events + parser.finish(t_ns=10**9)
-
-
-# --- the parser -----------------------------------------------------------------------------
-
-CHAT = (
-    delta(role="assistant", content="")  # role-only first delta: no token (pitfall 2)
-    + b": keep-alive comment\n\n"
-    + delta(content="Hello")
-    + b"event: message\nid: 3\n"
-    + delta(content=" big world")
-    + FINISH
-    + USAGE
-    + DONE
-)
-
-
-def test_role_only_delta_comments_and_other_fields_carry_no_tokens():
-    events = parse(CHAT)
-    assert [(e.num_tokens, e.text) for e in events] == [(1, "Hello"), (1, " big world"), (0, "")]
-    final = events[-1]
-    assert final.finish_reason == "stop"
-    assert (final.usage_prompt_tokens, final.usage_completion_tokens) == (7, 5)
-    assert final.cached_tokens == 4
-
-
-@pytest.mark.parametrize("read_size", [1, 2, 7, 64])
-def test_lines_split_across_reads_give_the_same_events(read_size):
-    expected = [(e.num_tokens, e.text) for e in parse(CHAT, count_tokens=count_words)]
-    events = parse(CHAT, count_tokens=count_words, read_size=read_size)
-    assert [(e.num_tokens, e.text) for e in events] == expected
-
-
-def test_an_event_is_stamped_with_the_read_that_completed_its_line():
-    parser = StreamParser(use_chat=True)
-    line = delta(content="a")
-    assert parser.feed(line[:10], t_ns=100) == []
-    assert [e.t_ns for e in parser.feed(line[10:], t_ns=200)] == [200]
-
-
-def test_crlf_line_endings():
-    events = parse(CHAT.replace(b"\n", b"\r\n"))
-    assert [e.text for e in events] == ["Hello", " big world", ""]
-
-
-def test_multi_token_chunks_count_with_the_tokenizer_and_as_one_without():
-    stream = delta(content="w0 ") + delta(content="w1 w2 w3 ") + delta(content="w4 ") + DONE
-    assert [e.num_tokens for e in parse(stream, count_tokens=count_words)] == [1, 3, 1, 0]
-    assert [e.num_tokens for e in parse(stream)] == [1, 1, 1, 0]
-
-
-def test_a_delta_that_adds_no_whole_token_still_counts_one():
-    stream = delta(content="wo") + delta(content="rd ") + DONE  # "wo" + "rd " is one word
-    assert [e.num_tokens for e in parse(stream, count_tokens=count_words)] == [1, 1, 0]
-
-
-@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
-def test_reasoning_deltas_are_tokens_but_not_reply_text(field):
-    stream = (
-        delta(role="assistant")
-        + delta(**{field: "think hard "})
-        + delta(content="answer")
-        + FINISH
-        + DONE
-    )
-    events = parse(stream, count_tokens=count_words)
-    assert [(e.num_tokens, e.text) for e in events] == [(2, ""), (1, "answer"), (0, "")]
-    assert [e.num_tokens for e in parse(stream)] == [1, 1, 0]
-
-
-def test_streamed_tool_call_pieces_are_tokens_but_not_reply_text():
-    """A tool call streamed as deltas (name first, then argument pieces), as vLLM sends it."""
-    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "search"}}
-    stream = (
-        delta(role="assistant")
-        + delta(tool_calls=[call])
-        + delta(tool_calls=[{"index": 0, "function": {"arguments": '{"q": '}}])
-        + delta(tool_calls=[{"index": 0, "function": {"arguments": '"a b"}'}}])
-        + FINISH
-        + DONE
-    )
-    events = parse(stream, count_tokens=count_words)
-    # Words: "search" 1; 'search{"q":' still 1 (a piece adding no whole word counts 1); then
-    # '"a' and 'b"}' are 2 more.
-    assert [(e.num_tokens, e.text) for e in events] == [(1, ""), (1, ""), (2, ""), (0, "")]
-
-
-def test_completions_read_choice_text():
-    stream = sse({"choices": [{"index": 0, "text": "w0 w1 ", "finish_reason": None}]}) + DONE
-    events = parse(stream, use_chat=False, count_tokens=count_words)
-    assert [(e.num_tokens, e.text) for e in events] == [(2, "w0 w1 "), (0, "")]
-
-
-def test_a_stream_may_end_with_a_finish_reason_and_no_done():
-    events = parse(delta(content="x") + FINISH)
-    assert events[-1].finish_reason == "stop"
-
-
-def test_a_last_line_without_newline_is_still_read():
-    events = parse(delta(content="x") + b"data: [DONE]")
-    assert [e.num_tokens for e in events] == [1, 0]
-
-
-def test_a_stream_cut_short_is_an_error():
-    with pytest.raises(BackendError, match="stream ended without \\[DONE\\] or a finish_reason"):
-        parse(delta(content="x"))
-
-
-def test_malformed_json_and_error_objects_are_errors():
-    with pytest.raises(BackendError, match="malformed stream: .*\\{not json"):
-        parse(delta(content="x") + b"data: {not json\n\n")
-    with pytest.raises(BackendError, match="malformed stream"):
-        parse(b"data: [1, 2]\n\n")
-    with pytest.raises(BackendError, match="malformed stream: unexpected chunk layout"):
-        parse(b'data: {"choices": "oops"}\n\n')
-    error = sse({"error": {"message": "KV cache full", "code": 503}})
-    with pytest.raises(BackendError, match="server error in stream: KV cache full"):
-        parse(delta(content="x") + error)
-
-
-# --- against a real server ------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Server:
     url: str
@@ -191,12 +42,14 @@ class Server:
     pid: int
 
     def entries(self, num_expected: int) -> dict[str, dict]:
-        """The server's record by request id, once `num_expected` requests have ended."""
+        """The server's record by request id (the last word of the prompt, see
+        `make_request`), once `num_expected` requests have ended."""
         deadline = time.monotonic() + 5
         while True:
             lines = self.record.read_text().splitlines() if self.record.exists() else []
             if len(lines) >= num_expected or time.monotonic() > deadline:
-                return {entry["request_id"]: entry for entry in map(json.loads, lines)}
+                entries = map(json.loads, lines)
+                return {entry["last_message"].split()[-1]: entry for entry in entries}
             time.sleep(0.01)
 
 
@@ -229,13 +82,16 @@ def start_server(tmp_path):
 
 
 def make_request(index: int, max_tokens=20, use_chat=True, prefix="req") -> GenerationRequest:
+    """A request whose prompt ends with its id: the server's record names it by that."""
+    request_id = f"{prefix}-{index}"
+    prompt = f"say {max_tokens} words {request_id}"
     return GenerationRequest(
-        request_id=f"{prefix}-{index}",
-        messages=({"role": "user", "content": f"say {max_tokens} words"},),
+        request_id=request_id,
+        messages=({"role": "user", "content": prompt},),
         max_tokens=max_tokens,
         ignore_eos=True,
         use_chat=use_chat,
-        prompt_text=f"say {max_tokens} words",
+        prompt_text=prompt,
     )
 
 
@@ -248,8 +104,8 @@ async def measure(backend: OpenAIBackend, request: GenerationRequest) -> Request
             if event.num_tokens:
                 record.chunk_ns.append(event.t_ns)
                 record.chunk_tokens.append(event.num_tokens)
-                record.output_text += event.text
-            else:
+            record.output_text += event.text
+            if event.finish_reason is not None:
                 record.finish_reason = event.finish_reason
                 record.server_prompt_tokens = event.usage_prompt_tokens
                 record.server_completion_tokens = event.usage_completion_tokens
@@ -372,7 +228,7 @@ def test_client_times_match_the_server_writes(start_server, concurrency):
             assert record.num_output_tokens == record.server_completion_tokens == 20
             assert record.output_text == "".join(f"w{i} " for i in range(20))
             assert record.finish_reason == "length"
-            assert record.server_prompt_tokens == 3
+            assert record.server_prompt_tokens == 4
             for name, samples in timing_errors_ns(record, entry).items():
                 errors[name] += samples
         summary = " ".join(
@@ -396,7 +252,7 @@ def test_client_times_match_the_server_writes(start_server, concurrency):
     "mode, reason",
     [
         ("error500", "HTTP 500: injected failure for request"),
-        ("drop", "connection dropped mid-stream"),
+        ("drop", "connection dropped mid-stream after 2 tokens"),
         ("garbage", "malformed stream: data line is not a JSON object: {not json"),
     ],
 )
@@ -443,6 +299,82 @@ def test_the_model_is_asked_for_and_an_unreachable_server_is_named(start_server)
         asyncio.run(start(url))
 
 
+async def with_app(handler, request: GenerationRequest, **options) -> RequestRecord:
+    """Serve `handler` for both completion paths on 127.0.0.1 and send it `request`."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", model="m", **options)
+    await backend.start()
+    try:
+        return await measure(backend, request)
+    finally:
+        await backend.close()
+        await runner.cleanup()
+
+
+def test_no_request_id_header_is_sent_unless_one_is_asked_for(start_server):
+    """llama-cpp-python's server answers HTTP 400 to an X-Request-Id that is not a UUID: none
+    goes by default; `request_id_header` sends a fresh UUID4 per request, `headers` go on all."""
+    server = start_server(ttft_ms=1, tpot_ms=1)
+    records = run_all(server, [make_request(i) for i in range(2)], concurrency=1)
+    assert all(r.ok for r in records)
+    for entry in server.entries(2).values():
+        assert entry["request_id"] is None
+        assert {name.lower() for name in entry["headers"]}.isdisjoint({"x-request-id"})
+
+    requests = [make_request(i, prefix="asked") for i in range(3)]
+    options = {"request_id_header": "X-Request-Id", "headers": {"X-Tenant": "bench"}}
+    records = run_all(server, requests, concurrency=1, **options)
+    assert all(r.ok for r in records)
+    entries = [server.entries(5)[request.request_id] for request in requests]
+    ids = [uuid.UUID(entry["request_id"]) for entry in entries]
+    assert all(i.version == 4 for i in ids) and len(set(ids)) == 3
+    assert all(entry["headers"]["X-Tenant"] == "bench" for entry in entries)
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("", "HTTP 400: (empty body)"),
+        ("  \n ", "HTTP 400: (empty body)"),
+        ('{"error": {"message": "bad\n id"}}', 'HTTP 400: {"error": {"message": "bad id"}}'),
+        ("x" * 500, "HTTP 400: " + "x" * 199 + "…"),
+    ],
+    ids=["empty", "blank", "json", "long"],
+)
+def test_an_http_error_quotes_its_body_on_one_line_or_says_it_was_empty(body, error):
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=400, text=body)
+
+    record = asyncio.run(with_app(refuse, make_request(0)))
+    assert record.error == error and record.chunk_ns == []
+
+
+def test_a_reply_sent_whole_as_json_is_read_as_one_chunk():
+    """A server that ignores `stream: true` and answers one JSON body (with llama.cpp's
+    timings): every token arrives at once, the record still has its counts and timings."""
+
+    async def whole(request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "choices": [
+                    {"index": 0, "finish_reason": "length", "message": {"content": "a b c"}}
+                ],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 3},
+                "timings": {"prompt_n": 4, "prompt_ms": 3.5, "predicted_n": 3},
+            }
+        )
+
+    record = asyncio.run(with_app(whole, make_request(0), count_tokens=count_words))
+    assert record.ok and record.chunk_tokens == [3] and record.output_text == "a b c"
+    assert record.finish_reason == "length" and record.server_completion_tokens == 3
+
+
 TOOL = {
     "type": "function",
     "function": {
@@ -473,46 +405,28 @@ TOOL_CONVERSATION = (
 def test_tools_and_tool_messages_reach_the_server_as_given(use_chat, tools):
     """Chat: `tools` (when the request has any) and the tool-calling history go in the body
     unchanged, null content kept. Completions: the client-rendered prompt only, no `tools`."""
-    from aiohttp import web
-
     bodies: list[dict] = []
 
     async def completion(request: web.Request) -> web.StreamResponse:
         bodies.append(await request.json())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        text = '"delta":{"content":"ok"}' if use_chat else '"text":"ok"'
         await response.write(
-            delta(content="ok") if use_chat else sse({"choices": [{"text": "ok"}]})
+            f'data: {{"choices":[{{"index":0,{text},"finish_reason":"stop"}}]}}\n\n'.encode()
         )
-        await response.write(FINISH + DONE)
+        await response.write(b"data: [DONE]\n\n")
         return response
 
-    async def main() -> RequestRecord:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", completion)
-        app.router.add_post("/v1/completions", completion)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", model="m")
-        await backend.start()
-        try:
-            request = GenerationRequest(
-                "r0",
-                TOOL_CONVERSATION,
-                max_tokens=4,
-                use_chat=use_chat,
-                prompt_text="<rendered with tools>",
-                tools=tools,
-            )
-            return await measure(backend, request)
-        finally:
-            await backend.close()
-            await runner.cleanup()
-
-    record = asyncio.run(main())
+    request = GenerationRequest(
+        "r0",
+        TOOL_CONVERSATION,
+        max_tokens=4,
+        use_chat=use_chat,
+        prompt_text="<rendered with tools>",
+        tools=tools,
+    )
+    record = asyncio.run(with_app(completion, request))
     assert record.ok and record.output_text == "ok"
     (body,) = bodies
     if use_chat:

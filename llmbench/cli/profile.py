@@ -1,0 +1,90 @@
+"""`llmbench profile`: where each engine step's time goes, op by op, against each op's roof."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from llmbench.cli.roofline import _sizes
+from llmbench.errors import UserError
+
+
+def _writable(path: Path | None, option: str) -> None:
+    """A file option whose folder must exist: checked before any work (one line, exit 2)."""
+    if path is not None and not path.parent.resolve().is_dir():
+        raise UserError(f"profile: {option} {path}: the folder {path.parent} does not exist")
+
+
+@click.command("profile")
+@click.option(
+    "--model", "-m", required=True, help="preset (synthetic:<name> or <name>), folder or .gguf"
+)
+@click.option("--dtype", default="bfloat16", show_default=True, help="float32, bfloat16, float16")
+@click.option("--batch", default="1", show_default=True, help="sequences per step, e.g. 1,8,32")
+@click.option("--context", default="1k", show_default=True, help="context length(s), e.g. 512,4k")
+@click.option("--phase", default="decode", show_default=True, help="decode or prefill")
+@click.option("--steps", default=8, show_default=True, type=int, help="profiled steps per point")
+@click.option("--threads", default=None, type=int, help="CPU threads (default: torch's)")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
+def profile(
+    model: str,
+    dtype: str,
+    batch: str,
+    context: str,
+    phase: str,
+    steps: int,
+    threads: int | None,
+    html_path: Path | None,
+    json_path: Path | None,
+) -> None:
+    """Run real engine steps on the CPU under torch.profiler and put every op on the
+    roofline: its time per step, bytes and FLOPs (the cost model's, op by op), achieved rates,
+    the fraction of its roof and the time it loses against it; the step's total against its
+    roofline bound, and the time no op holds (Python, dispatch)."""
+    from llmbench.harness import profile_table
+    from llmbench.harness.profile import ProfileSpec
+    from llmbench.harness.profile import profile as run_profile
+
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise UserError(f"profile: --dtype {dtype}: use float32, bfloat16 or float16")
+    spec = ProfileSpec(
+        model,
+        dtype,
+        batches=tuple(_sizes(batch, "--batch")),
+        contexts=tuple(_sizes(context, "--context")),
+        phase=phase,
+        num_steps=steps,
+        threads=threads,
+    )
+    _writable(html_path, "--html")
+    _writable(json_path, "--json")
+    # torch.profiler's tracer (kineto) prints a "USDT: profiler_start/stop" line per profiled
+    # point unless its log level is above 5; read once, when torch loads.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    import torch
+
+    from llmbench.harness import hardware
+
+    if threads:
+        torch.set_num_threads(threads)
+
+    def say(message: str) -> None:
+        click.echo(f"profile: {message}", err=True)
+
+    roofs = hardware.ceilings(
+        "cpu", first=dtype, progress=lambda probe: say(f"measuring the roofs: {probe}")
+    )
+    result = run_profile(spec, roofs, say)
+    click.echo("\n".join(profile_table.lines(result)))
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+        click.echo(json_path)
+    if html_path is not None:
+        from llmbench.reports.profile_page import render
+
+        render(result).write(html_path)
+        click.echo(html_path)

@@ -1,0 +1,224 @@
+"""Quantised linear layers: y = x @ dequant(W)^T (+ bias) (+ residual), W stored as int8 or int4.
+
+They are called like the model's `Linear` (`layer(x, residual=None)`) and report the bytes they
+hold (`num_bytes`: codes, scales, zero points, bias). `quantize_linear` builds the right one.
+
+CPU: torch's weight-only kernels, which want bfloat16 activations and scales (their float32
+and float16 paths are 8-30x slower here); a float32 or float16 model converts x on the way in
+and y on the way out. Measured on this 2-core AMD EPYC (AVX-512 BF16/VNNI, no AMX), torch
+2.13, 2 threads, load average 1.5 (one other job), the 120 matrices of SmolLM2-135M's 30 layers
+in one pass, median of 7 (ms per pass; `python benchmarks/quant_kernels.py` repeats it):
+
+    rows                                   1      2      4      8     16     32    128    512
+    bfloat16 (`model.Linear`: C++ GEMV   6.6    6.9    6.0    8.4   14.1   18.4   40.7    130
+      up to 16 rows, else oneDNN)
+    int8 _weight_int8pack_mm             4.5    4.3    5.1    8.1   14.4   26.0   99.5    382
+    int8 → bf16 per call + oneDNN mm    12.2   16.7   16.7   18.5   20.6   25.7   61.4    174
+    int4 _weight_int4pack_mm_for_cpu     3.4    3.7    4.4    7.6   13.1   23.7   89.2    359
+    int4 → bf16 per call + oneDNN mm       -      -      -      -      -   87.2    119    224
+
+So int8 runs the kernel up to `INT8_KERNEL_MAX_ROWS` rows and dequantises to bfloat16 for a
+oneDNN matmul above (prefill); int4 always runs its kernel: dequantising wins only for
+prefill chunks of several hundred tokens, and would need a second copy of the weights in
+another layout. Left out, measured in other passes at one row: float32 / float16 activations
+through the same kernels (37.8 and 42.5 ms against 4.9 for bfloat16, load 2.3); int8
+activations quantised per call for `torch._int_mm` (10.3 ms, 13.9 at 32 rows: faster when
+batched, but no longer weight-only); a plain AVX-512 C++ GEMV (codes → float32, FMA; with the
+lm_head in the pass, int8 9.0 ms against torch's 6.6, int4 5.5 against 4.3).
+
+Elsewhere (CUDA): the weights are dequantised to the model's dtype on every call and multiplied
+with `torch.mm` (int4 from two codes per byte). That path is tested on the CPU only; it has not
+run on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from llmbench.engine.quant.codes import (
+    INT4_OFFSET,
+    pack_nibbles,
+    quantize_int4,
+    quantize_int8,
+    unpack_nibbles,
+)
+from llmbench.engine.quant.scheme import QuantScheme
+
+# The CPU kernels' activation and scale dtype.
+CPU_COMPUTE_DTYPE = torch.bfloat16
+# Up to this many rows the int8 kernel beats dequantise + oneDNN (table above: 14.4 vs 20.6 ms
+# at 16 rows, even at 32).
+INT8_KERNEL_MAX_ROWS = 16
+# `_convert_weight_to_int4pack_for_cpu` wants a multiple of 16 output rows.
+INT4_ROW_MULTIPLE = 16
+# `_weight_int8pack_mm` reads the input dimension 16 values at a time: with another in_features
+# it returns garbage at one row and crashes (SIGSEGV) at more (torch 2.13, measured K = 8, 24,
+# 200, 1000). Such codes get zero columns up to a multiple of 16, and x zeros to match.
+INT8_IN_MULTIPLE = 16
+
+
+def _tensor_bytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _finish(
+    y: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """y in the model's dtype, plus the bias and the residual (in place: y is fresh)."""
+    y = y.to(dtype)
+    if bias is not None:
+        y += bias
+    if residual is not None:
+        y += residual
+    return y
+
+
+@dataclass(frozen=True)
+class Int8Linear:
+    """Per-output-channel int8: codes [out, in_padded] (zero columns up to a multiple of 16),
+    scale [out] (bfloat16 on CPU, else the model's dtype); y = (x @ codes^T) · scale."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    in_features: int
+    bias: torch.Tensor | None = None
+
+    @property
+    def num_bytes(self) -> int:
+        return _tensor_bytes(self.codes, self.scale, self.bias)
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        xc = x.to(self.scale.dtype)  # [T, in]
+        if self.codes.shape[1] != self.in_features:
+            xc = F.pad(xc, (0, self.codes.shape[1] - self.in_features))
+        if xc.device.type == "cpu" and xc.shape[0] <= INT8_KERNEL_MAX_ROWS:
+            y = torch.ops.aten._weight_int8pack_mm(xc, self.codes, self.scale)
+        else:  # dequantise per call: the codes in the compute dtype, the scale after the matmul
+            y = torch.mm(xc, self.codes.to(xc.dtype).t()).mul_(self.scale)
+        return _finish(y, x.dtype, self.bias, residual)  # [T, out]
+
+
+@dataclass(frozen=True)
+class PackedInt4Linear:
+    """Group-wise int4 in the CPU kernel's layout: `packed` from
+    `_convert_weight_to_int4pack_for_cpu` ([out_padded, in_padded / 2] uint8), `scale_zero`
+    [groups, out_padded, 2] bfloat16 (scale, zero: w = (q − 8)·scale + zero, symmetric schemes
+    store zeros too). Rows are padded to a multiple of 16, columns to whole groups (x is padded
+    with zeros to match)."""
+
+    packed: torch.Tensor
+    scale_zero: torch.Tensor
+    group_size: int
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None = None
+
+    @property
+    def num_bytes(self) -> int:
+        return _tensor_bytes(self.packed, self.scale_zero, self.bias)
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        xc = x.to(CPU_COMPUTE_DTYPE)  # [T, in]
+        pad = self.scale_zero.shape[0] * self.group_size - self.in_features
+        if pad:
+            xc = F.pad(xc, (0, pad))
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            xc, self.packed, self.group_size, self.scale_zero
+        )
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
+        return _finish(y, x.dtype, self.bias, residual)  # [T, out]
+
+
+@dataclass(frozen=True)
+class Int4Linear:
+    """Group-wise int4 for any device: `packed` [out, in_padded / 2] (two codes per byte,
+    `pack_nibbles`), `scale` and `zero` [out, groups] in the model's dtype (zero None when
+    symmetric); dequantised to the model's dtype on every call."""
+
+    packed: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    group_size: int
+    in_features: int
+    bias: torch.Tensor | None = None
+
+    @property
+    def num_bytes(self) -> int:
+        return _tensor_bytes(self.packed, self.scale, self.zero, self.bias)
+
+    def dequantize(self) -> torch.Tensor:
+        """W [out, in] in the model's dtype: scale · (q − 8) + zero per group."""
+        num_out, num_groups = self.scale.shape
+        q = unpack_nibbles(self.packed).to(self.scale.dtype).view(num_out, num_groups, -1)
+        w = (q - INT4_OFFSET) * self.scale[..., None]
+        if self.zero is not None:
+            w += self.zero[..., None]
+        return w.view(num_out, -1)[:, : self.in_features]
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        y = torch.mm(x, self.dequantize().t())  # [T, out]
+        return _finish(y, x.dtype, self.bias, residual)
+
+
+QuantLinear = Int8Linear | PackedInt4Linear | Int4Linear
+
+
+def quantize_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, scheme: QuantScheme
+) -> QuantLinear:
+    """The quantised layer for weight [out, in] (and its bias, kept in the model's dtype):
+    torch's CPU kernels' layouts on a CPU, the dequantise-per-call layouts elsewhere."""
+    is_cpu = weight.device.type == "cpu"
+    if scheme.bits == 8:
+        return int8_layer(weight, bias, CPU_COMPUTE_DTYPE if is_cpu else weight.dtype)
+    if is_cpu:
+        return packed_int4_layer(weight, bias, scheme)
+    return int4_layer(weight, bias, scheme)
+
+
+def int8_layer(
+    weight: torch.Tensor, bias: torch.Tensor | None, scale_dtype: torch.dtype
+) -> Int8Linear:
+    """Per-output-channel int8 codes, in columns padded to a multiple of 16 (what the CPU
+    kernel can read), scales in `scale_dtype`."""
+    codes, scale = quantize_int8(weight, scale_dtype)
+    num_in = weight.shape[1]
+    padded_in = -(-num_in // INT8_IN_MULTIPLE) * INT8_IN_MULTIPLE
+    return Int8Linear(F.pad(codes, (0, padded_in - num_in)), scale.to(scale_dtype), num_in, bias)
+
+
+def _int4_codes(weight: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype):
+    """`quantize_int4` with the codes padded to whole groups: (codes [out, G·group], q)."""
+    q = quantize_int4(weight, scheme.group_size, scheme.has_zero, scale_dtype)
+    num_groups = q.scale.shape[1]
+    codes = F.pad(q.codes, (0, num_groups * scheme.group_size - weight.shape[1]))
+    return codes, q
+
+
+def int4_layer(weight: torch.Tensor, bias: torch.Tensor | None, scheme: QuantScheme) -> Int4Linear:
+    """The dequantise-per-call int4 layer (any device), scales in the weight's dtype."""
+    codes, q = _int4_codes(weight, scheme, weight.dtype)
+    zero = q.zero.to(weight.dtype) if scheme.has_zero else None
+    return Int4Linear(
+        pack_nibbles(codes), q.scale.to(weight.dtype), zero, q.group_size, weight.shape[1], bias
+    )
+
+
+def packed_int4_layer(
+    weight: torch.Tensor, bias: torch.Tensor | None, scheme: QuantScheme
+) -> PackedInt4Linear:
+    """The int4 layer in the CPU kernel's layout: rows padded to a multiple of 16 (code 0,
+    scale 0: they compute 0 and are cut off), bfloat16 scales and zero points."""
+    codes, q = _int4_codes(weight, scheme, CPU_COMPUTE_DTYPE)
+    num_out, num_in = weight.shape
+    extra_rows = -(-num_out // INT4_ROW_MULTIPLE) * INT4_ROW_MULTIPLE - num_out
+    codes = F.pad(codes, (0, 0, 0, extra_rows))
+    scale, zero = (F.pad(t, (0, 0, 0, extra_rows)) for t in (q.scale, q.zero))
+    # The kernel computes (q − 8)·scale + zero per group: the form `quantize_int4` fits.
+    scale_zero = torch.stack((scale.t(), zero.t()), dim=2).to(CPU_COMPUTE_DTYPE).contiguous()
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    return PackedInt4Linear(packed, scale_zero, q.group_size, num_in, num_out, bias)

@@ -1,0 +1,114 @@
+"""Expert offloading as a user writes it — `--moe-offload resident=4,cache=2,link=pcie4` or a
+spec's `engine.moe_offload` — turned into the engine's `ExpertOffloadConfig`, the link's
+bandwidth taken from the hardware table (`hardware.LINKS`).
+
+Compact syntax, comma-separated: `resident=N` (experts per layer kept in device memory,
+required), `cache=C` (fetched experts kept per layer, LRU; default 0), `link=NAME|NUMBERGB/s|real`
+(default: pcie4-x16, simulated, on a CPU; real copies on CUDA), `profile=PATH` (an experts.json:
+its most-routed experts stay resident; default the first N ids), `sleep` (a simulated link
+also sleeps each fetch's time so that wall time shows it; default: recorded only).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmbench.errors import UserError
+from llmbench.harness.hardware import LINKS
+from llmbench.harness.spec import MoEOffloadSpec
+
+if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
+    from llmbench.engine.expert_offload import ExpertOffloadConfig
+
+DEFAULT_SIMULATED_LINK = "pcie4-x16"
+REAL_LINK = "real"
+_KEYS = ("resident", "cache", "link", "profile", "sleep")
+
+
+def parse_moe_offload(text: str) -> MoEOffloadSpec | None:
+    """`resident=4,cache=2,link=pcie4,profile=PATH,sleep` → the spec; `none` → None."""
+    if text.strip() in ("", "none"):
+        return None
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        if key == "sleep" and not sep:
+            value, sep = "true", "="
+        if not sep or key not in _KEYS or key in fields:
+            raise UserError(
+                f"--moe-offload {text!r}: expected resident=N[,cache=C][,link=NAME|GB/s|real]"
+                f"[,profile=PATH][,sleep], each key once; got {part.strip()!r}"
+            )
+        fields[key] = value
+    if "resident" not in fields:
+        raise UserError(f"--moe-offload {text!r}: resident=N is required")
+    counts = {}
+    for key in ("resident", "cache"):
+        value = fields.get(key, "0")
+        if not value.isdigit():
+            raise UserError(f"--moe-offload: {key} must be a whole number >= 0, got {value!r}")
+        counts[key] = int(value)
+    if fields.get("sleep", "true") not in ("true", "false"):
+        raise UserError(f"--moe-offload: sleep is a flag (sleep, or sleep=true), got {text!r}")
+    link = fields.get("link")
+    check_link(link)
+    return MoEOffloadSpec(
+        resident=counts["resident"],
+        cache=counts["cache"],
+        link=link,
+        profile=fields.get("profile"),
+        sleep=fields.get("sleep") == "true",
+    )
+
+
+def check_link(link: str | None) -> None:
+    """A link name of `hardware.LINKS` (or its short form), `NUMBERGB/s`, `real`, or None."""
+    if link is None or link == REAL_LINK:
+        return
+    link_bandwidth(link)
+
+
+def link_bandwidth(link: str) -> float:
+    """Bytes/s of a simulated link: `pcie4-x16` (or `pcie4`) from the table, or `25GB/s`."""
+    name = link if link in LINKS else f"{link}-x16"
+    if name in LINKS:
+        return LINKS[name]
+    number = link.removesuffix("GB/s")
+    try:
+        value = float(number) * 1e9 if number != link else None
+    except ValueError:
+        value = None
+    if value is None or not value > 0:
+        raise UserError(
+            f"link {link!r}: use one of {', '.join(LINKS)}, a bandwidth such as 25GB/s, or real"
+        )
+    return value
+
+
+def engine_offload(spec: MoEOffloadSpec, device: str) -> ExpertOffloadConfig:
+    """The engine's config; a missing link is pcie4-x16 simulated unless the engine will run on
+    CUDA (`device` cuda, or auto with a GPU visible), where the copies are real."""
+    from llmbench.engine.engine import resolve_device
+    from llmbench.engine.expert_offload import ExpertOffloadConfig
+
+    link = spec.link
+    if link is None:
+        is_cuda = resolve_device(device).type == "cuda"
+        link = REAL_LINK if is_cuda else DEFAULT_SIMULATED_LINK
+    return ExpertOffloadConfig(
+        num_resident=spec.resident,
+        num_cached=spec.cache,
+        link_bytes_per_s=None if link == REAL_LINK else link_bandwidth(link),
+        usage_profile=spec.profile,
+        sleep=spec.sleep,
+    )
+
+
+def link_line(records) -> str:
+    """Link traffic of steps (`StepRecord`s), for a summary line: `link 3.4 MiB in 12 of 40
+    steps, 0.11 ms simulated`."""
+    moved = [r for r in records if r.link_bytes]
+    total = sum(r.link_bytes for r in moved)
+    simulated = sum(r.link_s_simulated for r in moved)
+    line = f"link {total / 2**20:.2f} MiB in {len(moved)} of {len(records)} steps"
+    return line + (f", {simulated * 1e3:.3g} ms simulated" if simulated else "")

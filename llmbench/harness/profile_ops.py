@@ -1,0 +1,109 @@
+"""Which op of the model each profiler event of a step belongs to, from the events alone.
+
+Torch-free: an event is its aten name, its input shapes and its wall time (`OpEvent`), taken
+from `torch.profiler` by `profile`. Only the step's top-level events are classified (those the
+engine's Python called; their children's time is inside theirs). The engine's torch path runs
+every layer in the same order (model.py's forward), so a few anchors place every event:
+
+- a matmul (`aten::mm`, `aten::addmm`, ...) is the linear layer whose weight has its shape
+  [in, out] (`linear_names`): qkv_proj, o_proj, gate_up_proj, down_proj, and the lm_head once
+  every layer's down_proj has run;
+- `aten::embedding`, `aten::rms_norm`, `aten::index_copy_` (the K/V write), `aten::silu`,
+  `aten::scaled_dot_product_attention` name themselves;
+- every other event (views, slices, casts, the RoPE complex multiply, the K/V gather) belongs to
+  the region the last anchor opened: after qkv_proj RoPE, after the K/V write attention, after
+  gate_up_proj SiLU·mul, after the lm_head sampling, before the embedding the step's inputs.
+  A transpose right before a matmul is that matmul's (the weight's `.t()` view).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # type hints only: torch-free
+    from llmbench.engine.config import ModelConfig
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear")
+# The CPU 16-bit matmul extension's op (`kernels.cpu_gemv`): "<namespace>::gemv", the namespace
+# "llmbench_cpu_gemv_<isa>_<build hash>"; its inputs are (x, weight [out, in], bias, residual).
+CPU_GEMV_PREFIX = "llmbench_cpu_gemv_"
+TRANSPOSES = ("aten::t", "aten::transpose", "aten::permute", "aten::numpy_T")
+# An anchor → the op that the events after it (until the next anchor) belong to.
+REGION_AFTER = {
+    "embedding": "embedding",
+    "qkv_proj": "rope",
+    "kv_write": "attention",
+    "o_proj": "o_proj",
+    "gate_up_proj": "silu_mul",
+    "silu_mul": "silu_mul",
+    "down_proj": "down_proj",
+    "lm_head": "sampling",
+}
+NAMED = {
+    "aten::embedding": "embedding",
+    "aten::rms_norm": "rms_norm",
+    "aten::index_copy_": "kv_write",
+    "aten::silu": "silu_mul",
+    "aten::scaled_dot_product_attention": "attention",
+}
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One top-level profiler event of a step: aten name, input shapes, wall time (µs)."""
+
+    name: str
+    shapes: tuple[tuple[int, ...], ...]
+    duration_us: float
+
+
+def linear_names(config: ModelConfig) -> dict[tuple[int, int], str]:
+    """Weight shape [in, out] as a matmul sees it → the layer (the lm_head apart: it shares a
+    shape only with layers that run before it)."""
+    h, q, kv, inter = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    return {
+        (h, q + 2 * kv): "qkv_proj",
+        (q, h): "o_proj",
+        (h, 2 * inter): "gate_up_proj",
+        (inter, h): "down_proj",
+    }
+
+
+def _weight_shape(event: OpEvent) -> tuple[int, int] | None:
+    """[in, out] of a matmul's weight: mm(x, w_t) and matmul: the 2nd input; addmm(add, x, w_t):
+    the 3rd; linear(x, w [out, in]): the 2nd, reversed."""
+    position = {"aten::addmm": 2}.get(event.name, 1)
+    if len(event.shapes) <= position or len(event.shapes[position]) != 2:
+        return None
+    rows, cols = event.shapes[position]
+    is_out_in = event.name == "aten::linear" or event.name.startswith(CPU_GEMV_PREFIX)
+    return (cols, rows) if is_out_in else (rows, cols)
+
+
+def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
+    """The op (`profile_costs.OPS`) of each of a step's top-level events, in order."""
+    layers = linear_names(config)
+    lm_head = (config.hidden_size, config.vocab_size)
+    labels: list[str] = []
+    region, num_down = "inputs", 0
+    for event in events:
+        label = NAMED.get(event.name)
+        if event.name in MATMULS or event.name.startswith(CPU_GEMV_PREFIX):
+            shape = _weight_shape(event)
+            is_lm_head = shape == lm_head and num_down >= config.num_layers
+            label = "lm_head" if is_lm_head else layers.get(shape) if shape else None
+            num_down += label == "down_proj"
+        if label is None:
+            labels.append(region)
+            continue
+        labels.append(label)
+        if label == "down_proj" and num_down >= config.num_layers:
+            region = "lm_head"  # the rows that need logits are gathered, then the final norm
+        elif label in REGION_AFTER:
+            region = REGION_AFTER[label]
+    for i in range(len(events) - 1):  # the weight's transposed view belongs to its matmul
+        if events[i].name in TRANSPOSES and events[i + 1].name in MATMULS:
+            labels[i] = labels[i + 1]
+    return labels
