@@ -17,37 +17,19 @@ row's absmax: 16x below int8's own step (absmax / 254) and 280x below int4's (ab
 Its range (up to 65,504 · qmax) is far beyond K/V magnitudes; a row with absmax below
 qmax · 2^-24 (all but zero) gets the smallest float16 scale and dequantises to near zero.
 Codes are computed from the float16 scale as stored, so `dequantize` reproduces them exactly.
+The arithmetic lives in the kernels layer's Triton-free `kv_quant_reference`, which the Triton
+kernels are checked against bit-exact.
 """
 
 from __future__ import annotations
 
 import torch
 
-QMAX = {"int8": 127, "int4": 7}
+# One implementation for the engine and the kernels layer's checks (a Triton-free module).
+from llmbench.kernels.kv_quant_reference import QMAX
+from llmbench.kernels.kv_quant_reference import dequantize_reference as dequantize
+from llmbench.kernels.kv_quant_reference import quantize_reference as quantize
+
+__all__ = ["FLOAT_DTYPES", "QMAX", "dequantize", "quantize"]
+
 FLOAT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_MIN_SCALE = 2.0**-24  # the smallest float16 (subnormal): a zero row needs a non-zero scale
-
-
-def quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [..., d] → (codes, scales): codes [..., d] int8 (int8) or [..., d/2] uint8 (int4),
-    scales [...] float16."""
-    qmax = QMAX[fmt]
-    xf = x.float()
-    scales = (xf.abs().amax(-1) / qmax).clamp_(min=_MIN_SCALE).to(torch.float16)
-    codes = torch.round(xf / scales.float().unsqueeze(-1)).clamp_(-qmax, qmax)
-    if fmt == "int8":
-        return codes.to(torch.int8), scales
-    nibbles = (codes + 8).to(torch.uint8)  # [..., d], 1..15
-    return nibbles[..., 0::2] | (nibbles[..., 1::2] << 4), scales
-
-
-def dequantize(
-    codes: torch.Tensor, scales: torch.Tensor, fmt: str, dtype: torch.dtype
-) -> torch.Tensor:
-    """(codes, scales) from `quantize` → values [..., d] in `dtype`."""
-    if fmt == "int8":
-        values = codes.to(dtype)
-    else:
-        pairs = torch.stack((codes & 15, codes >> 4), dim=-1)  # [..., d/2, 2]: low, high
-        values = pairs.flatten(-2).to(dtype) - 8
-    return values * scales.to(dtype).unsqueeze(-1)

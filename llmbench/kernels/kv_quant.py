@@ -8,8 +8,8 @@ One float16 scale per token and KV head (one row of d elements), symmetric:
 
 int8 codes are stored as int8 [.., d]; int4 codes + 8 (1..15) as nibbles [.., d/2] (uint8),
 element 2i in the low nibble and 2i + 1 in the high one. This is the engine's K/V storage
-format (its torch implementation lives in the engine); the references below are the same
-arithmetic, and the tests hold the two bit-exact.
+format; the torch references (`kv_quant_reference`, Triton-free, which the engine calls) are
+the same arithmetic, and the tests hold the kernels and references bit-exact.
 """
 
 from __future__ import annotations
@@ -18,13 +18,17 @@ import torch
 
 from llmbench.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor, check_value
 from llmbench.kernels.cost import KernelCost, dtype_bytes
+from llmbench.kernels.kv_quant_reference import (  # noqa: F401 (the references, re-exported)
+    MIN_SCALE,
+    QMAX,
+    dequantize_reference,
+    quantize_reference,
+)
 from llmbench.kernels.triton_support import check_launchable, next_power_of_2, tl, triton_kernel
 
 OP_QUANTIZE = "kv_quantize"
 OP_DEQUANTIZE = "kv_dequantize"
-QMAX = {"int8": 127, "int4": 7}
 CODE_DTYPES = {"int8": torch.int8, "int4": torch.uint8}
-MIN_SCALE = 2.0**-24  # the smallest float16 (subnormal): a zero row still gets a scale
 
 
 @triton_kernel
@@ -100,30 +104,6 @@ def _dequantize_kernel(
         mask = i < head_dim
         codes = tl.load(codes_ptr + row * head_dim + i, mask=mask, other=0).to(tl.float32)
         tl.store(out_ptr + row * head_dim + i, (codes * s).to(out_type), mask=mask)
-
-
-def quantize_reference(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., d] → (codes [..., d] int8 or [..., d/2] uint8, scales [...] float16)."""
-    qmax = QMAX[fmt]
-    xf = x.float()
-    scales = (xf.abs().amax(-1) / qmax).clamp_(min=MIN_SCALE).to(torch.float16)
-    codes = torch.round(xf / scales.float().unsqueeze(-1)).clamp_(-qmax, qmax)
-    if fmt == "int8":
-        return codes.to(torch.int8), scales
-    nibbles = (codes + 8).to(torch.uint8)
-    return nibbles[..., 0::2] | (nibbles[..., 1::2] << 4), scales
-
-
-def dequantize_reference(
-    codes: torch.Tensor, scales: torch.Tensor, fmt: str, dtype: torch.dtype
-) -> torch.Tensor:
-    """(codes, scales) of `quantize_reference` → values [..., d] in `dtype`."""
-    if fmt == "int8":
-        values = codes.to(dtype)
-    else:
-        pairs = torch.stack((codes & 15, codes >> 4), dim=-1)  # [..., d/2, 2]: low, high
-        values = pairs.flatten(-2).to(dtype) - 8
-    return values * scales.to(dtype).unsqueeze(-1)
 
 
 def _check_format(op: str, fmt: str, head_dim: int) -> None:
