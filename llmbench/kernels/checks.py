@@ -79,3 +79,21 @@ def check_value(op: str, condition: bool, message: str) -> None:
     """A condition on sizes or scalars: `message` says what is wrong and what to pass."""
     if not condition:
         raise KernelArgumentError(f"{op}: {message}")
+
+
+def check_paged_cache(
+    op: str, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> None:
+    """The paged K and V caches of an attention over q [.., nh, d]: each [S, nkv, d] on q's
+    device, in q's dtype, with the inner [nkv, d] contiguous, nkv dividing nh; both one shape."""
+    num_heads, head_dim = q.shape[-2:]
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        check_tensor(op, name, cache, "[S, nkv, d]", FLOAT_DTYPES, 2, q.device)
+        check_same_dtype(op, name, cache, "q", q.dtype)
+        check_value(
+            op,
+            cache.shape[2] == head_dim and cache.shape[1] > 0 and num_heads % cache.shape[1] == 0,
+            f"{name} must be [S, nkv, d] with d = {head_dim} and nkv dividing nh = "
+            f"{num_heads}, got {tuple(cache.shape)}",
+        )
+    check_shape(op, "value_cache", value_cache, tuple(key_cache.shape), "key_cache's shape")

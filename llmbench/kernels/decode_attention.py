@@ -23,7 +23,7 @@ import torch
 
 from llmbench.kernels.checks import (
     FLOAT_DTYPES,
-    check_same_dtype,
+    check_paged_cache,
     check_shape,
     check_tensor,
     check_value,
@@ -208,16 +208,7 @@ def paged_decode_attention(
     check_tensor(OP, "q", q, "[B, nh, d]", FLOAT_DTYPES, 2)
     batch, num_heads, head_dim = q.shape
     device = q.device
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        check_tensor(OP, name, cache, "[S, nkv, d]", FLOAT_DTYPES, 2, device)
-        check_same_dtype(OP, name, cache, "q", q.dtype)
-        check_value(
-            OP,
-            cache.shape[2] == head_dim and cache.shape[1] > 0 and num_heads % cache.shape[1] == 0,
-            f"{name} must be [S, nkv, d] with d = {head_dim} and nkv dividing nh = "
-            f"{num_heads}, got {tuple(cache.shape)}",
-        )
-    check_shape(OP, "value_cache", value_cache, tuple(key_cache.shape), "key_cache's shape")
+    check_paged_cache(OP, q, key_cache, value_cache)
     check_tensor(OP, "block_tables", block_tables, "[B, max_blocks]", (torch.int32,), 2, device)
     check_value(
         OP,
