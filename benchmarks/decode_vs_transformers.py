@@ -32,8 +32,10 @@ def engine_decode(dtype: str, tokens: int, repeats: int) -> tuple[float, float]:
         engine.step_records.clear()
         token_ns = [out.t_ns for out in engine.stream(prompt, params)]
         rates.append(decode_tok_per_s(token_ns))
-        bandwidths.append(decode_bytes_per_s(
-            engine.model_config, engine.step_records, engine.dtype.itemsize) / 1e9)
+        bandwidths.append(
+            decode_bytes_per_s(engine.model_config, engine.step_records, engine.dtype.itemsize)
+            / 1e9
+        )
     return statistics.median(rates[1:]), statistics.median(bandwidths[1:])
 
 
@@ -42,11 +44,13 @@ def transformers_decode(dtype: str, tokens: int, repeats: int) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = model_store.pull("smollm2-135m")
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                 dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
+    )
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt",
-                                        return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
 
     class Stamps:
         def __init__(self):
@@ -64,9 +68,15 @@ def transformers_decode(dtype: str, tokens: int, repeats: int) -> float:
     rates = []
     for _ in range(repeats + 1):
         stamps = Stamps()
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                       min_new_tokens=tokens, do_sample=False, streamer=stamps,
-                       pad_token_id=tokenizer.eos_token_id)
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            do_sample=False,
+            streamer=stamps,
+            pad_token_id=tokenizer.eos_token_id,
+        )
         rates.append(decode_tok_per_s(stamps.token_ns))
     return statistics.median(rates[1:])
 
@@ -82,9 +92,11 @@ def main() -> None:
     for dtype in args.dtype or ["float32", "bfloat16"]:
         ours, gb_per_s = engine_decode(dtype, args.tokens, args.repeats)
         theirs = transformers_decode(dtype, args.tokens, args.repeats)
-        print(f"{dtype:>9}: llmbench {ours:6.1f} tok/s ({gb_per_s:5.2f} GB/s achieved), "
-              f"transformers {theirs:6.1f} tok/s, ratio {ours / theirs:4.2f}x "
-              f"[{args.threads} threads, {args.tokens} tokens, median of {args.repeats}]")
+        print(
+            f"{dtype:>9}: llmbench {ours:6.1f} tok/s ({gb_per_s:5.2f} GB/s achieved), "
+            f"transformers {theirs:6.1f} tok/s, ratio {ours / theirs:4.2f}x "
+            f"[{args.threads} threads, {args.tokens} tokens, median of {args.repeats}]"
+        )
 
 
 if __name__ == "__main__":

@@ -148,6 +148,4 @@ def generate(
     if spec_line and last is not None:
         proposed, accepted = last.num_proposed_tokens, last.num_accepted_tokens
         rate = f" ({accepted / proposed:.0%})" if proposed else ""
-        click.echo(
-            f"[{spec_line}] {accepted} of {proposed} draft tokens accepted{rate}", err=True
-        )
+        click.echo(f"[{spec_line}] {accepted} of {proposed} draft tokens accepted{rate}", err=True)
