@@ -37,7 +37,11 @@ from llmbench.engine.quant.linear import QuantLinear, quantize_linear
 from llmbench.engine.quant.scheme import QuantScheme, lm_head_scheme
 from llmbench.errors import UserError
 from llmbench.kernels import cpu_gemv
+from llmbench.kernels.cpu_layer_ops import CpuLayerOps
 from llmbench.kernels.errors import KernelDispatchError
+
+# The per-layer ops a CPU model runs through the C++ extension when it is in use.
+CPU_EXTENSION_OPS = ("rms_norm", "rope", "paged_decode_attention")
 
 
 @dataclass(frozen=True)
@@ -235,8 +239,19 @@ class LlamaModel:
         self.scale = 1.0 / math.sqrt(config.head_dim)
         # The kernels layer's Triton ops (CUDA with Triton: `kernel_ops`), or None: torch ops.
         dispatch = kernel_ops.dispatch_for(self.device)
-        if self.device.type == "cpu" and self.dtype in cpu_gemv.WEIGHT_DTYPES:
-            dispatch = dataclasses.replace(dispatch, cpu_matmul=cpu_matmul().describe())
+        # CPU without Triton: RMSNorm, RoPE and decode attention through the C++ extension
+        # when it is in use (`kernels.cpu_layer_ops`), 16-bit matmuls too (`Linear`).
+        self.cpu_ops: CpuLayerOps | None = None
+        if self.device.type == "cpu" and not dispatch.uses_triton:
+            backend = cpu_matmul()
+            ops = CPU_EXTENSION_OPS if backend.is_extension else ()
+            if backend.is_extension:
+                self.cpu_ops = CpuLayerOps.of(backend)
+                if self.dtype in cpu_gemv.WEIGHT_DTYPES:
+                    ops = ("16-bit matmuls", *ops)
+            dispatch = dataclasses.replace(
+                dispatch, cpu_extension=backend.describe(), cpu_extension_ops=ops
+            )
         self.kernels = kernel_ops.TritonOps(dispatch) if dispatch.uses_triton else None
         self.kernels_description = kernel_ops.describe(dispatch)  # for the run's provenance
         # What each MoE layer routed in the latest forward, in layer order (empty when dense).
@@ -312,10 +327,13 @@ class LlamaModel:
         num_tokens = input_ids.shape[0]
         table = self.rotary.rotations(batch.max_position)  # [P, d/2] complex
         # The Triton path (`self.kernels`) runs the same ops through the kernels layer.
-        kern = self.kernels
+        kern, cpu = self.kernels, self.cpu_ops
         step = kern.prepare(batch, kv_cache.block_size, table) if kern else None
-        rotations = None if kern else table[positions].unsqueeze(1)  # [T, 1, d/2]
-        norm = kern.rms_norm if kern else rms_norm
+        # cos, sin pairs [P, d/2, 2] for the C++ RoPE, else the rows' rotations [T, 1, d/2].
+        cos_sin = torch.view_as_real(table) if cpu else None
+        rotations = None if kern or cpu else table[positions].unsqueeze(1)
+        norm = kern.rms_norm if kern else cpu.rms_norm if cpu else rms_norm
+        decode_op = cpu.paged_decode_attention if cpu else None
         qk_size = cfg.q_size + cfg.kv_size
         self.last_routing = []
         with _gemv_backend(self.device, self.dtype, num_tokens):
@@ -328,6 +346,8 @@ class LlamaModel:
                     _qk_norm_(qkv, layer.q_norm, layer.k_norm, cfg)
                 if kern:
                     kern.rope_(qkv[:, :qk_size], positions, step, cfg.head_dim)
+                elif cpu:
+                    cpu.rope_(qkv[:, :qk_size], positions, cos_sin, cfg.head_dim)
                 else:
                     apply_rope_(qkv[:, :qk_size], rotations, cfg.head_dim)
                 q = qkv[:, : cfg.q_size].view(num_tokens, cfg.num_heads, cfg.head_dim)
@@ -336,7 +356,7 @@ class LlamaModel:
                 attn = (  # [T, nh, d]
                     kern.attention(q, kv, cache, batch, step, self.scale)
                     if kern
-                    else paged_attention(q, kv, cache, batch, self.scale)
+                    else paged_attention(q, kv, cache, batch, self.scale, decode_op)
                 )
                 x = layer.o_proj(attn.view(num_tokens, cfg.q_size), residual=x)
                 # MLP block (SwiGLU, or a mixture of SwiGLU experts).
@@ -360,7 +380,8 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, h] rows that need a next token → logits [N, V] in float32."""
         with _gemv_backend(self.device, self.dtype, hidden.shape[0]):
-            norm = self.kernels.rms_norm if self.kernels else rms_norm
+            cpu = self.cpu_ops
+            norm = self.kernels.rms_norm if self.kernels else cpu.rms_norm if cpu else rms_norm
             return self.lm_head(norm(hidden, self.norm, self.config.rms_norm_eps)).float()
 
 

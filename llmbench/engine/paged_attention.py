@@ -7,6 +7,7 @@ contiguous, which is what lets the block manager share prefix blocks and free me
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -173,6 +174,11 @@ class DecodeBatch:
     is_whole_batch: bool  # every row of the step is a decode: no row indexing needed
     slots: torch.Tensor  # [B, C]: K/V slots of each context, padded to the longest C
     bias: torch.Tensor | None  # [B, 1, 1, C]: 0 for real keys, -inf for padding; None if none
+    # The same contexts as block tables, for a decode attention op that reads the paged cache
+    # itself (`paged_attention`'s `decode_op`): [B, max_blocks] and [B] int32.
+    block_tables: torch.Tensor | None = None
+    context_lens: torch.Tensor | None = None
+    block_size: int = 0
 
 
 # A chunk of at most this many tokens after a cached context (speculative verification: the
@@ -274,11 +280,18 @@ def build_attention_batch(
             is_pad = torch.arange(max_len, device=device)[None, :] >= lens_t[:, None]  # [B, C]
             bias = torch.zeros(is_pad.shape, dtype=dtype, device=device)
             bias = bias.masked_fill_(is_pad, float("-inf"))[:, None, None, :]
+        tables = [chunks[i].block_table for i in decode_seqs]
+        max_blocks = max(len(t) for t in tables)
         decodes = DecodeBatch(
             rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
             is_whole_batch=not prefills and not short_seqs,
             slots=slots[decode_seqs, :max_len],
             bias=bias,
+            block_tables=torch.tensor(
+                [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32, device=device
+            ),
+            context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            block_size=block_size,
         )
     return AttentionBatch(
         torch.cat(new_slots), prefills, decodes, max(context_lens) - 1, tuple(chunks), shorts
@@ -291,6 +304,7 @@ def paged_attention(
     cache: torch.Tensor | SplitLayer,
     batch: AttentionBatch,
     scale: float,
+    decode_op: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q: [T, nh, d]; kv: [T, 2, nkv, d] (this step's tokens) → attention output [T, nh, d].
 
@@ -299,6 +313,10 @@ def paged_attention(
     one step attends to the fresh kv; a cache in another format (int8, int4, another float)
     is always read back, so every token sees the same rounded K/V whether its prompt came in
     one chunk or several, and the prefix cache changes nothing.
+
+    `decode_op` (the C++ extension's, with `kernels.decode_attention`'s arguments) attends the
+    one-token sequences over a cache in the model's dtype straight from its blocks, with no
+    gather of their contexts.
     """
     is_exact = isinstance(cache, torch.Tensor) and cache.dtype == kv.dtype
     if is_exact:
@@ -309,22 +327,39 @@ def paged_attention(
         cache.k.write(batch.slot_mapping, kv[:, 0])
         cache.v.write(batch.slot_mapping, kv[:, 1])
     d = batch.decodes
+    op = decode_op if is_exact else None
     if d is not None and d.is_whole_batch:
-        return _decode_attention(q, *_read(cache, d.slots, q.dtype), d.bias, scale)
+        return _decode(q, cache, d, scale, op)
     out = torch.empty_like(q)
     for s in batch.prefills:
         out[s.query_start : s.query_start + s.query_len] = _prefill_attention(
             q, kv if is_exact else None, cache, s, scale
         )
     if d is not None:
-        keys, values = _read(cache, d.slots, q.dtype)
-        out[d.rows] = _decode_attention(q[d.rows], keys, values, d.bias, scale)
+        out[d.rows] = _decode(q[d.rows], cache, d, scale, op)
     if batch.shorts is not None:
         s = batch.shorts
         keys, values = _read(cache, s.slots, q.dtype)
         o = _short_chunk_attention(q[s.rows], keys, values, s.mask, scale)  # [B, L, nh, d]
         out[s.rows.flatten()] = o.flatten(0, 1)  # a padding query writes its twin's output
     return out
+
+
+def _decode(
+    q: torch.Tensor,
+    cache: torch.Tensor | SplitLayer,
+    d: DecodeBatch,
+    scale: float,
+    decode_op: Callable[..., torch.Tensor] | None,
+) -> torch.Tensor:
+    """The one-token sequences' attention, q [B, nh, d] → [B, nh, d]: through `decode_op`
+    over the cache's blocks, or gathered and through SDPA (`_decode_attention`)."""
+    if decode_op is None:
+        return _decode_attention(q, *_read(cache, d.slots, q.dtype), d.bias, scale)
+    max_len = int(d.slots.shape[1])
+    return decode_op(
+        q, cache[:, 0], cache[:, 1], d.block_tables, d.context_lens, d.block_size, scale, max_len
+    )
 
 
 def _read(

@@ -26,9 +26,11 @@ if TYPE_CHECKING:  # type hints only: torch-free
     from llmbench.engine.config import ModelConfig
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear")
-# The CPU 16-bit matmul extension's op (`kernels.cpu_gemv`): "<namespace>::gemv", the namespace
-# "llmbench_cpu_gemv_<isa>_<build hash>"; its inputs are (x, weight [out, in], bias, residual).
+# The CPU C++ extension's ops (`kernels.cpu_gemv`, `kernels.cpu_layer_ops`): "<namespace>::<op>",
+# the namespace "llmbench_cpu_gemv_<isa>_<build hash>". Its matmul, "gemv", has the inputs
+# (x, weight [out, in], bias, residual); the others name themselves (`EXTENSION_OPS`).
 CPU_GEMV_PREFIX = "llmbench_cpu_gemv_"
+EXTENSION_OPS = {"rms_norm": "rms_norm", "rope_": "rope", "paged_decode_attention": "attention"}
 TRANSPOSES = ("aten::t", "aten::transpose", "aten::permute", "aten::numpy_T")
 # An anchor → the op that the events after it (until the next anchor) belong to.
 REGION_AFTER = {
@@ -89,8 +91,10 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
     labels: list[str] = []
     region, num_down = "inputs", 0
     for event in events:
-        label = NAMED.get(event.name)
-        if event.name in MATMULS or event.name.startswith(CPU_GEMV_PREFIX):
+        is_extension = event.name.startswith(CPU_GEMV_PREFIX)
+        extension_op = event.name.rpartition("::")[2] if is_extension else None
+        label = EXTENSION_OPS.get(extension_op) if is_extension else NAMED.get(event.name)
+        if event.name in MATMULS or extension_op == "gemv":
             shape = _weight_shape(event)
             is_lm_head = shape == lm_head and num_down >= config.num_layers
             label = "lm_head" if is_lm_head else layers.get(shape) if shape else None

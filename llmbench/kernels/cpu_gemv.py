@@ -41,7 +41,8 @@ from llmbench.kernels.errors import KernelDispatchError
 OP = "cpu_gemv"
 ENV_VAR = "LLMBENCH_CPU_GEMV"
 CHOICES = ("auto", "ext", "torch")
-SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
+# One library: the matmul and the per-layer ops (`cpu_layer_ops`) register into one namespace.
+SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("gemv.cpp", "layer_ops.cpp"))
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 # Up to this many rows of x the extension beats torch's matmul (`max_rows`). bfloat16: measured
 # below; float16: always (torch has no fast float16 CPU matmul: ~0.3 GFLOP/s here).
@@ -120,11 +121,12 @@ class CpuGemv:
     def is_extension(self) -> bool:
         return self.implementation == "extension"
 
-    def op(self):
-        """The loaded library's `gemv(x, weight, bias, residual)` op."""
+    def op(self, name: str = "gemv"):
+        """The loaded library's op `name`: `gemv(x, weight, bias, residual)` or one of
+        `cpu_layer_ops`' (rms_norm, rope_, paged_decode_attention)."""
         if not self.is_extension:
             raise KernelDispatchError(f"{OP}: the extension is not in use ({self.reason})")
-        return getattr(torch.ops, self.namespace).gemv.default
+        return getattr(getattr(torch.ops, self.namespace), name).default
 
     def describe(self) -> str:
         """One line for provenance, e.g. "C++ extension (avx512bf16; built in 41.2 s, cached)"."""
@@ -145,13 +147,13 @@ def _compiler(env: Mapping[str, str]) -> str | None:
 
 
 def _build(name: str, cflags: tuple[str, ...], directory: Path) -> None:
-    """Compile and load SOURCE as `name` in `directory` (torch's JIT builder: ninja + $CXX)."""
+    """Compile and load SOURCES as `name` in `directory` (torch's JIT builder: ninja + $CXX)."""
     from torch.utils import cpp_extension
 
     directory.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
         name=name,
-        sources=[str(SOURCE)],
+        sources=[str(source) for source in SOURCES],
         extra_cflags=["-O3", *cflags, "-fopenmp", f"-DLLMBENCH_GEMV_NAMESPACE={name}"],
         extra_ldflags=["-fopenmp"],
         build_directory=str(directory),
@@ -190,7 +192,8 @@ def _load_extension(
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return CpuGemv("torch", f"no extension for {platform.machine()} CPUs")
     isa, cflags = choose_isa(this_cpu_flags() if flags is None else flags)
-    name = build_name(SOURCE.read_bytes(), isa, cflags, torch.__version__)
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    name = build_name(source, isa, cflags, torch.__version__)
     build_dir = directory / name
     library = build_dir / f"{name}.so"
     record = build_dir / "build.json"

@@ -59,8 +59,10 @@ class Dispatch:
     reason: str
     triton_version: str | None = None
     is_interpreted: bool = False
-    # CPU 16-bit models: which matmul the layers run (`cpu_gemv.CpuGemv.describe()`), or None.
-    cpu_matmul: str | None = None
+    # CPU: the C++ extension in use (`cpu_gemv.CpuGemv.describe()`, or why not), or None, and
+    # the ops it runs there.
+    cpu_extension: str | None = None
+    cpu_extension_ops: tuple[str, ...] = ()
 
     @property
     def uses_triton(self) -> bool:
@@ -75,8 +77,9 @@ class Dispatch:
         """One line: which implementation runs `ops`, e.g. "triton 3.2.0 kernels (compiled for
         cuda): rms_norm, rope, ..." or "torch reference ops (cpu: ...)"."""
         if not self.uses_triton:
-            matmul = f"; 16-bit matmul: {self.cpu_matmul}" if self.cpu_matmul else ""
-            return f"torch reference ops ({self.reason}){matmul}"
+            ops = f": {', '.join(self.cpu_extension_ops)}" if self.cpu_extension_ops else ""
+            extension = f"; {self.cpu_extension}{ops}" if self.cpu_extension else ""
+            return f"torch reference ops ({self.reason}){extension}"
         how = "TRITON_INTERPRET=1 on " if self.is_interpreted else "compiled for "
         return f"triton {self.triton_version} kernels ({how}{self.device_type}): {', '.join(ops)}"
 

@@ -38,7 +38,8 @@ def test_detokenizer_any_text_streams_to_itself(text: str) -> None:
     tok = Tokenizer.byte_level()
     pieces = stream_text(tok, tok.encode(text))
     assert "".join(pieces) == text
-    assert not any("\ufffd" in piece for piece in pieces)
+    # No piece ends in half a character (U+FFFD), unless the text itself holds one.
+    assert "\ufffd" in text or not any("\ufffd" in piece for piece in pieces)
 
 
 @given(st.lists(st.integers(0, 258)), st.booleans())

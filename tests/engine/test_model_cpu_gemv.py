@@ -1,5 +1,7 @@
-"""The model on the CPU in 16 bits with the C++ matmul (`kernels.cpu_gemv`) against the same
-model on torch's matmul: the same logits within bfloat16 rounding, prefill and decode."""
+"""The model on the CPU with the C++ extension (`kernels.cpu_gemv`: 16-bit matmuls;
+`kernels.cpu_layer_ops`: RMSNorm, RoPE, decode attention) against the same model on torch's
+ops: the same logits within 16-bit rounding (float32: within float32 rounding), prefill and
+decode."""
 
 from __future__ import annotations
 
@@ -44,20 +46,25 @@ def _logits(folder, dtype: torch.dtype, prompt: list[int]) -> tuple[LlamaModel, 
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("prompt_len", [3, 37])  # prefill through the extension, and through torch
 def test_logits_with_the_extension_match_torch(tmp_path, monkeypatch, variant, dtype, prompt_len):
     folder = write_tiny_checkpoint(tmp_path, **VARIANTS[variant])
     prompt = torch.randint(0, VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(1))
     fast, ours = _logits(folder, dtype, prompt.tolist())
-    assert fast.layers[0].qkv_proj.fast_op is not None and fast.lm_head.fast_op is not None
-    assert "16-bit matmul: C++ extension" in fast.kernels_description
+    assert fast.cpu_ops is not None
+    assert "C++ extension (" in fast.kernels_description
+    assert fast.kernels_description.endswith("rms_norm, rope, paged_decode_attention")
+    is_16_bit = dtype != torch.float32
+    assert (fast.layers[0].qkv_proj.fast_op is not None) == is_16_bit
+    assert ("16-bit matmuls" in fast.kernels_description) == is_16_bit
 
     monkeypatch.setattr(cpu_gemv, "default", lambda: cpu_gemv.CpuGemv("torch", "test"))
     plain, reference = _logits(folder, dtype, prompt.tolist())
-    assert plain.layers[0].qkv_proj.fast_op is None
-    assert plain.kernels_description.endswith("16-bit matmul: torch matmul (test)")
+    assert plain.layers[0].qkv_proj.fast_op is None and plain.cpu_ops is None
+    assert plain.kernels_description.endswith("; torch matmul (test)")
+    # Rounding in another order: well inside the bf16-vs-float32 gap (~1.3% of the scale).
+    tolerance = 0.02 if is_16_bit else 1e-5
     for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
-        # Rounding in another order: well inside the bf16-vs-float32 gap (~1.3% of the scale).
         diff = (a - b).abs().max().item()
-        assert diff < 0.02 * b.abs().max().item(), f"step {step}: max abs logit diff {diff}"
+        assert diff < tolerance * b.abs().max().item(), f"step {step}: max abs logit diff {diff}"

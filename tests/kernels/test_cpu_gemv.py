@@ -200,9 +200,11 @@ def test_describe_for_provenance():
     assert built.describe() == "C++ extension (avx2; built in 12.3 s, cached)"
     dispatch = Dispatch("cpu", "torch", "cpu: the Triton kernels are for CUDA")
     assert dispatch.describe() == "torch reference ops (cpu: the Triton kernels are for CUDA)"
-    with_matmul = Dispatch("cpu", "torch", "cpu", cpu_matmul=built.describe())
-    assert with_matmul.describe() == (
-        "torch reference ops (cpu); 16-bit matmul: C++ extension (avx2; built in 12.3 s, cached)"
+    with_extension = Dispatch(
+        "cpu", "torch", "cpu", cpu_extension=built.describe(), cpu_extension_ops=("a", "b")
+    )
+    assert with_extension.describe() == (
+        "torch reference ops (cpu); C++ extension (avx2; built in 12.3 s, cached): a, b"
     )
     with pytest.raises(KernelDispatchError, match="not in use"):
         cpu_gemv.CpuGemv("torch", "LLMBENCH_CPU_GEMV=torch").op()

@@ -1,0 +1,143 @@
+"""The C++ extension's per-layer ops (`kernels.cpu_layer_ops`) against the torch references the
+Triton kernels are checked against, on random inputs over several shapes, dtypes and context
+lengths, and their argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmbench.kernels import cpu_gemv, cpu_layer_ops
+from llmbench.kernels.decode_attention import paged_decode_attention_reference
+from llmbench.kernels.errors import KernelArgumentError
+from llmbench.kernels.rms_norm import rms_norm_reference
+from llmbench.kernels.rope import rope_reference_
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def backend() -> cpu_gemv.CpuGemv:
+    result = cpu_gemv.default()
+    assert result.is_extension, result.reason
+    return result
+
+
+def _random(shape, dtype, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, hidden", [(1, 576), (5, 576), (3, 40), (33, 7)])
+def test_rms_norm_matches_reference(backend, dtype, rows, hidden):
+    x = _random((rows, hidden), dtype, 1) * 3
+    weight = _random((hidden,), dtype, 2)
+    y = cpu_layer_ops.rms_norm(backend, x, weight, 1e-5)
+    expected = rms_norm_reference(x, weight, 1e-5)
+    assert y.dtype == dtype and y.shape == x.shape
+    if dtype == torch.float32:  # the sum of squares in another order: float32 rounding
+        torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-6)
+    else:  # normalised in float32 and rounded once: one rounding of the same value
+        torch.testing.assert_close(y.float(), expected.float(), rtol=2**-8, atol=0)
+
+
+def test_rms_norm_matches_torch_bfloat16(backend):
+    x, weight = _random((4, 576), torch.bfloat16, 3), _random((576,), torch.bfloat16, 4)
+    expected = torch.nn.functional.rms_norm(x, (576,), weight, 1e-5)
+    assert (cpu_layer_ops.rms_norm(backend, x, weight, 1e-5) != expected).sum() <= 4
+
+
+def _cos_sin(num_positions: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    angles = torch.outer(torch.arange(num_positions).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim, heads", [(64, 12), (32, 3), (6, 5)])
+def test_rope_rotates_strided_rows_in_place_like_the_reference(backend, dtype, head_dim, heads):
+    # q and k columns of a fused qkv matrix: the rows are strided, the v columns untouched.
+    width = heads * head_dim
+    qkv = _random((4, width + 2 * head_dim), dtype, 5)
+    positions = torch.tensor([0, 7, 31, 2])
+    cos, sin = _cos_sin(32, head_dim)
+    expected = qkv[:, :width].clone()
+    rope_reference_(expected, positions, cos, sin, head_dim)
+    out = qkv.clone()
+    cos_sin = torch.stack((cos, sin), dim=-1)
+    cpu_layer_ops.rope_(backend, out[:, :width], positions, cos_sin, head_dim)
+    torch.testing.assert_close(out[:, :width], expected, rtol=0, atol=0)
+    assert torch.equal(out[:, width:], qkv[:, width:])
+
+
+def _paged_case(dtype, context_lens, num_heads, num_kv_heads, head_dim, block_size, seed):
+    """q, the K/V halves of one [S, 2, nkv, d] pool, block tables (shuffled blocks) and lens."""
+    max_blocks = -(-max(context_lens) // block_size)
+    num_blocks = max_blocks * len(context_lens) + 3
+    pool = _random((num_blocks * block_size, 2, num_kv_heads, head_dim), dtype, seed)
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
+    tables = order[: max_blocks * len(context_lens)].view(len(context_lens), max_blocks)
+    q = _random((len(context_lens), num_heads, head_dim), dtype, seed + 1)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    return q, pool[:, 0], pool[:, 1], tables.to(torch.int32).contiguous(), lens
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "context_lens, num_heads, num_kv_heads, head_dim, block_size",
+    [
+        ([1], 9, 3, 64, 16),  # the first decode step: one key
+        ([256], 9, 3, 64, 16),  # one sequence, split in partitions across threads
+        ([2000], 4, 1, 32, 32),  # long: many partitions; MQA
+        ([1, 37, 300, 700], 9, 3, 64, 16),  # mixed lengths in one batch
+        ([5, 17], 4, 4, 24, 8),  # no GQA; a head_dim with a scalar tail (24 = 16 + 8)
+    ],
+)
+def test_decode_attention_matches_reference(
+    backend, dtype, context_lens, num_heads, num_kv_heads, head_dim, block_size
+):
+    q, keys, values, tables, lens = _paged_case(
+        dtype, context_lens, num_heads, num_kv_heads, head_dim, block_size, 7
+    )
+    scale = head_dim**-0.5
+    out = cpu_layer_ops.paged_decode_attention(
+        backend, q, keys, values, tables, lens, block_size, scale, max(context_lens)
+    )
+    expected = paged_decode_attention_reference(q, keys, values, tables, lens, block_size, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    # float32: e^x by a polynomial (relative error < 1e-7) and sums in another order;
+    # 16 bits: both round the same float32 value once.
+    tol = 2e-6 if dtype == torch.float32 else (2**-8 if dtype == torch.bfloat16 else 2**-11)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
+
+
+def test_decode_attention_of_one_key_is_its_value(backend):
+    q, keys, values, tables, lens = _paged_case(torch.float32, [1], 6, 2, 16, 4, 9)
+    out = cpu_layer_ops.paged_decode_attention(backend, q, keys, values, tables, lens, 4, 0.25, 1)
+    slot = int(tables[0, 0]) * 4
+    expected = values[slot].repeat_interleave(3, dim=0)  # each KV head's value for its 3 q heads
+    torch.testing.assert_close(out[0], expected, rtol=0, atol=0)
+
+
+def test_argument_errors_name_the_argument(backend):
+    q, keys, values, tables, lens = _paged_case(torch.float32, [5], 4, 2, 16, 4, 11)
+    with pytest.raises(KernelArgumentError, match="context_lens has dtype int64"):
+        cpu_layer_ops.paged_decode_attention(backend, q, keys, values, tables, lens.long(), 4, 1, 5)
+    with pytest.raises(KernelArgumentError, match="max_context_len 9 must be in 1..max_blocks"):
+        cpu_layer_ops.paged_decode_attention(backend, q, keys, values, tables, lens, 4, 1.0, 9)
+    with pytest.raises(KernelArgumentError, match="key_cache has dtype bfloat16"):
+        cpu_layer_ops.paged_decode_attention(
+            backend, q, keys.bfloat16(), values, tables, lens, 4, 1.0, 5
+        )
+    x = _random((2, 8), torch.float32, 12)
+    with pytest.raises(KernelArgumentError, match="weight must have shape"):
+        cpu_layer_ops.rms_norm(backend, x, torch.ones(7), 1e-5)
+    with pytest.raises(KernelArgumentError, match="x must be contiguous in its last dim"):
+        cpu_layer_ops.rms_norm(backend, x.t(), torch.ones(2), 1e-5)
+    cos_sin = torch.zeros(4, 2, 2)
+    with pytest.raises(KernelArgumentError, match="positions has dtype int32"):
+        cpu_layer_ops.rope_(backend, x, torch.zeros(2, dtype=torch.int32), cos_sin, 4)
+    with pytest.raises(KernelArgumentError, match=r"cos_sin must be \[P, 3, 2\]"):
+        cpu_layer_ops.rope_(
+            backend, _random((2, 12), torch.float32, 13), torch.zeros(2).long(), cos_sin, 6
+        )
