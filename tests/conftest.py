@@ -30,7 +30,13 @@ def smollm2_gguf_path() -> Path:
 
 def pytest_collection_modifyitems(config, items):
     """`peer` tests drive another project's server: they run only when `-m` names them (`-m
-    peer`), so that neither the default run nor `-m "not slow"` needs that server."""
+    peer`), so that neither the default run nor `-m "not slow"` needs that server. `gpu` tests
+    need a CUDA device: without one they are deselected (not skipped), in every folder."""
+    if not torch.cuda.is_available():
+        gpu = [item for item in items if item.get_closest_marker("gpu")]
+        if gpu:
+            config.hook.pytest_deselected(items=gpu)
+            items[:] = [item for item in items if not item.get_closest_marker("gpu")]
     if "peer" in (config.option.markexpr or ""):
         return
     peer = [item for item in items if item.get_closest_marker("peer")]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from llmbench.engine.checkpoint import check_tensors
+from llmbench.engine.cuda_graphs import decode_graphs_for
 from llmbench.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from llmbench.engine.expert_offload import ExpertOffloadConfig, offload_experts
 from llmbench.engine.expert_stats import ExpertStats
@@ -71,6 +72,9 @@ class EngineConfig:
     # MoE: N experts per layer resident, the others fetched over a host link (simulated by
     # bandwidth, or real copies on CUDA) through an LRU; None: every expert resident.
     moe_offload: ExpertOffloadConfig | None = None
+    # CUDA: replay plain decode steps from CUDA graphs, one per batch-size bucket, captured at
+    # start (`cuda_graphs`); no effect on a CPU.
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -139,7 +143,12 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs), self.blocks
         )
-        self.runner = ModelRunner(self.model, self.kv_cache)
+        decode_graphs, graphs_line = decode_graphs_for(
+            self.model, self.kv_cache, config.max_num_seqs, config.cuda_graphs
+        )
+        if graphs_line is not None:  # CUDA only: the run records them with its kernels
+            self.model.kernels_description += f"; {graphs_line}"
+        self.runner = ModelRunner(self.model, self.kv_cache, decode_graphs)
         # Guesses k tokens ahead before each step (None: speculation off).
         self.proposer = make_proposer(
             config.speculative,

@@ -5,6 +5,10 @@ interpreter) or None (the torch path). Once per forward, `prepare` turns the ste
 the kernels' index tensors; then each layer calls `rms_norm`, `rope_`, `attention` and
 `silu_and_mul` here instead of the torch ops. Attention over a cache not held in the model's
 dtype (int8/int4, another float) stays on the torch path (`paged_attention`).
+
+A decode step replayed from a CUDA graph (`cuda_graphs`) must read the same index tensors every
+time: it passes a `PreparedBatch`, whose `StepIndex` lives in static buffers, and `prepare`
+hands that index back instead of building one.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmbench.engine.host_to_device import to_device
 from llmbench.engine.paged_attention import AttentionBatch, SplitLayer, paged_attention
 from llmbench.errors import UserError
 from llmbench.kernels import dispatch as kernel_dispatch
@@ -60,6 +65,21 @@ class StepIndex:
     sin: torch.Tensor
 
 
+@dataclass(frozen=True)
+class PreparedBatch(AttentionBatch):
+    """A decode step whose kernel index is built already, in static buffers that the caller
+    refills before each run (a CUDA-graph decode step): `prepare` returns `step` as it is."""
+
+    step: StepIndex | None = None
+
+
+def cos_sin(rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rope kernel's float32 cos and sin tables [P, d/2] from the model's complex rotation
+    table e^(i·pos·freq) [P, d/2]."""
+    pairs = torch.view_as_real(rotations)  # [P, d/2, 2]: cos, sin
+    return pairs[..., 0].contiguous(), pairs[..., 1].contiguous()
+
+
 class TritonOps:
     """The kernels layer's Triton ops, in the model's calling conventions."""
 
@@ -86,7 +106,10 @@ class TritonOps:
 
     def prepare(self, batch: AttentionBatch, block_size: int, rotations: torch.Tensor) -> StepIndex:
         """The step's index tensors from its chunks, and cos/sin [P, d/2] from the rotary
-        table `rotations` (complex [P, d/2]; recomputed only when the table grows)."""
+        table `rotations` (complex [P, d/2]; recomputed only when the table grows). A
+        `PreparedBatch` brings its own index: it is returned unchanged."""
+        if isinstance(batch, PreparedBatch) and batch.step is not None:
+            return batch.step
         chunks = batch.chunks
         device = batch.slot_mapping.device
         context_lens = [c.start + c.num_tokens for c in chunks]
@@ -99,14 +122,13 @@ class TritonOps:
         for c in chunks:
             starts.append(starts[-1] + c.num_tokens)
         if rotations is not self._table:
-            pairs = torch.view_as_real(rotations)  # [P, d/2, 2]: cos, sin
-            self._cos_sin = (pairs[..., 0].contiguous(), pairs[..., 1].contiguous())
+            self._cos_sin = cos_sin(rotations)
             self._table = rotations
         cos, sin = self._cos_sin
         return StepIndex(
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            block_tables=to_device(tables, device, torch.int32),
+            context_lens=to_device(context_lens, device, torch.int32),
+            query_start_loc=to_device(starts, device, torch.int32),
             max_query_len=max(c.num_tokens for c in chunks),
             max_context_len=max(context_lens),
             is_all_decode=all(c.num_tokens == 1 for c in chunks),

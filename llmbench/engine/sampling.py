@@ -16,6 +16,7 @@ from typing import NoReturn
 
 import torch
 
+from llmbench.engine.host_to_device import to_device
 from llmbench.errors import UserError
 
 
@@ -144,7 +145,9 @@ def sample(
 
     logits: `[B, V]`, any float dtype (the maths runs in float32). `params[i]` and
     `generators[i]` belong to row i; a greedy row's generator is unused, and a sampled row with
-    generator None draws from torch's global RNG. Returns `[B]` int64 token ids.
+    generator None draws from torch's global RNG. Returns `[B]` int64 token ids, on the
+    logits' device: nothing here waits for the device (no `.item()`, no blocking copy), so the
+    caller's read of the ids is the step's one host sync.
     """
     batch_size = logits.shape[0]
     if len(params) != batch_size or len(generators) != batch_size:
@@ -167,7 +170,7 @@ def sample(
                 f"sample: row {i}'s generator is on {generator.device} but the logits are on "
                 f"{logits.device}; create it with make_generator(seed, device=logits.device)"
             )
-    rows = torch.tensor(sampled_rows, device=logits.device)
+    rows = to_device(sampled_rows, logits.device)  # no host sync on CUDA
     probs = sampling_probs(logits[rows], [params[i] for i in sampled_rows])  # [S, V]
     for j, i in enumerate(sampled_rows):
         # One multinomial per row because each request has its own generator. The id is written
@@ -193,8 +196,8 @@ def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
         return logits
     device = logits.device
     biased = logits.to(torch.float32, copy=True)  # bf16 would round a +0.5 bias away
-    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-    bias = torch.tensor(values, dtype=torch.float32, device=device)
+    index = (to_device(rows, device), to_device(cols, device))
+    bias = to_device(values, device, torch.float32)
     return biased.index_put_(index, bias, accumulate=True)
 
 
@@ -208,20 +211,20 @@ def sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> to
     `torch.multinomial` accepts).
     """
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device)
+    temperature = to_device([p.temperature for p in params], device)
     x = apply_logit_bias(logits, params).float() / temperature[:, None]  # [S, V]
 
     # Sorting the vocabulary is the expensive step (V ~ 128k); skip it unless a row needs it.
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
-        top_k = torch.tensor([p.top_k for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
+        top_k = to_device([p.top_k for p in params], device)
+        top_p = to_device([p.top_p for p in params], device)
         x = x.masked_fill(_top_k_top_p_mask(x, top_k, top_p), -math.inf)
 
     probs = torch.softmax(x, dim=-1)  # [S, V]
     if any(p.min_p > 0 for p in params):
         # The ratio to the top probability is the same before and after top-k/top-p renormalise,
         # so filtering these probabilities is filtering the ones top-p left.
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+        min_p = to_device([p.min_p for p in params], device)
         threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # [S, 1]
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs

@@ -109,3 +109,22 @@ def test_cpu_default_is_torch_and_a_bad_override_is_a_user_error(monkeypatch):
     monkeypatch.setenv("LLMBENCH_KERNELS", "fast")
     with pytest.raises(UserError, match="LLMBENCH_KERNELS=fast: unknown; use one of auto, trit"):
         kernel_ops.dispatch_for(torch.device("cpu"))
+
+
+def test_prepare_builds_the_steps_index_and_hands_a_prepared_batch_its_own(triton_path):
+    ops = kernel_ops.TritonOps(kernel_ops.dispatch_for(DEVICE))
+    # A 5-token prompt (2 of its 3 blocks used) and a decode at position 8 (3 blocks).
+    chunks = [Chunk(0, 5, [3, 1, 9]), Chunk(8, 1, [2, 4, 6])]
+    batch = build_attention_batch(chunks, BLOCK_SIZE, DEVICE, torch.float32)
+    angles = torch.arange(20, dtype=torch.float32).view(10, 2) / 7  # [P, d/2]
+    rotations = torch.polar(torch.ones_like(angles), angles).to(DEVICE)
+    step = ops.prepare(batch, BLOCK_SIZE, rotations)
+    assert step.block_tables.tolist() == [[3, 1, 0], [2, 4, 6]]  # padded with block 0
+    assert step.context_lens.tolist() == [5, 9]
+    assert step.query_start_loc.tolist() == [0, 5, 6]
+    assert (step.max_query_len, step.max_context_len, step.is_all_decode) == (5, 9, False)
+    torch.testing.assert_close(step.cos.cpu(), torch.cos(angles))
+    torch.testing.assert_close(step.sin.cpu(), torch.sin(angles))
+    # A batch whose index lives in static buffers gets exactly that index back.
+    prepared = kernel_ops.PreparedBatch(batch.slot_mapping, [], None, 9, step=step)
+    assert ops.prepare(prepared, BLOCK_SIZE, rotations) is step
