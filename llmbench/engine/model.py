@@ -109,7 +109,8 @@ def make_linear(
     `quantize`'s scheme (`quant.linear`: int8 per output channel, int4 per group)."""
     if quantize is None:
         return Linear.build(weight, bias)
-    return quantize_linear(weight, bias, quantize)
+    extension = cpu_matmul() if weight.device.type == "cpu" else None
+    return quantize_linear(weight, bias, quantize, extension)
 
 
 def held_bytes(part: object) -> int:

@@ -41,8 +41,11 @@ from llmbench.kernels.errors import KernelDispatchError
 OP = "cpu_gemv"
 ENV_VAR = "LLMBENCH_CPU_GEMV"
 CHOICES = ("auto", "ext", "torch")
-# One library: the matmul and the per-layer ops (`cpu_layer_ops`) register into one namespace.
-SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("gemv.cpp", "layer_ops.cpp"))
+# One library: the 16-bit matmul, the int8/int4 matmul (`cpu_quant_gemv`) and the per-layer ops
+# (`cpu_layer_ops`) register into one namespace; HEADERS are compiled into them.
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = tuple(CSRC / name for name in ("gemv.cpp", "gemv_quant.cpp", "layer_ops.cpp"))
+HEADERS = (CSRC / "simd.h",)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 # Up to this many rows of x the extension beats torch's matmul (`max_rows`). bfloat16: measured
 # below; float16: always (torch has no fast float16 CPU matmul: ~0.3 GFLOP/s here).
@@ -50,7 +53,26 @@ MAX_ROWS_BF16 = 16
 MAX_ROWS_F16 = 1 << 30
 
 # Compiler flags per instruction set, best first; each needs all its /proc/cpuinfo flags.
+# "vnni" in the name: the int8/int4 matmul (`cpu_quant_gemv`) is built too.
 ISA_FLAGS = (
+    (
+        "avx512bf16_vnni",
+        ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c", "fma"),
+        (
+            "-mavx512f",
+            "-mavx512bw",
+            "-mavx512vl",
+            "-mavx512bf16",
+            "-mavx512vnni",
+            "-mf16c",
+            "-mfma",
+        ),
+    ),
+    (
+        "avx512_vnni",
+        ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"),
+    ),
     (
         "avx512bf16",
         ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c", "fma"),
@@ -120,6 +142,11 @@ class CpuGemv:
     @property
     def is_extension(self) -> bool:
         return self.implementation == "extension"
+
+    @property
+    def has_quant_gemv(self) -> bool:
+        """Built with AVX-512 VNNI: the int8/int4 matmul of `cpu_quant_gemv` is in it."""
+        return self.is_extension and "vnni" in (self.isa or "")
 
     def op(self, name: str = "gemv"):
         """The loaded library's op `name`: `gemv(x, weight, bias, residual)` or one of
@@ -192,7 +219,7 @@ def _load_extension(
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return CpuGemv("torch", f"no extension for {platform.machine()} CPUs")
     isa, cflags = choose_isa(this_cpu_flags() if flags is None else flags)
-    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     name = build_name(source, isa, cflags, torch.__version__)
     build_dir = directory / name
     library = build_dir / f"{name}.so"
@@ -212,7 +239,7 @@ def _load_extension(
     if name in _LOADED:  # the same build, loaded from another directory in this process
         build_s = json.loads((_LOADED[name].parent / "build.json").read_text())["build_s"]
         return CpuGemv("extension", "loaded", isa, name, build_s, is_cached=True)
-    print(f"llmbench: compiling the CPU 16-bit matmul ({isa}, once)...", file=sys.stderr)
+    print(f"llmbench: compiling the CPU C++ extension ({isa}, once)...", file=sys.stderr)
     t0 = time.perf_counter()
     try:
         _build(name, cflags, build_dir)
@@ -232,7 +259,7 @@ def _load_extension(
             }
         )
     )
-    print(f"llmbench: CPU 16-bit matmul built in {build_s:.1f} s ({build_dir})", file=sys.stderr)
+    print(f"llmbench: CPU C++ extension built in {build_s:.1f} s ({build_dir})", file=sys.stderr)
     return CpuGemv("extension", "built", isa, name, build_s, is_cached=False)
 
 

@@ -107,8 +107,10 @@ def test_cpu_flags_come_from_the_first_flags_line():
 @pytest.mark.parametrize(
     "flags, isa, must_have",
     [
-        (AVX512_BF16_FLAGS, "avx512bf16", "-mavx512bf16"),
-        (AVX512_BF16_FLAGS - {"avx512_bf16"}, "avx512", "-mavx512f"),
+        (AVX512_BF16_FLAGS, "avx512bf16_vnni", "-mavx512vnni"),
+        (AVX512_BF16_FLAGS - {"avx512_vnni"}, "avx512bf16", "-mavx512bf16"),
+        (AVX512_BF16_FLAGS - {"avx512_bf16"}, "avx512_vnni", "-mavx512vnni"),
+        (AVX512_BF16_FLAGS - {"avx512_bf16", "avx512_vnni"}, "avx512", "-mavx512f"),
         (frozenset({"avx2", "fma", "f16c"}), "avx2", "-mavx2"),
         (frozenset({"avx2", "fma"}), "scalar", None),  # no F16C: no vector half conversion
         (frozenset(), "scalar", None),

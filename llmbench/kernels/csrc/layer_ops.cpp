@@ -23,9 +23,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 #ifndef LLMBENCH_GEMV_NAMESPACE
 #define LLMBENCH_GEMV_NAMESPACE llmbench_cpu_gemv
@@ -33,24 +31,14 @@
 
 namespace {
 
-// Element conversions: every op reads its inputs as float32 and rounds its outputs once.
-inline float to_f(float v) { return v; }
-inline float to_f(c10::BFloat16 v) { return static_cast<float>(v); }
-inline float to_f(c10::Half v) { return static_cast<float>(v); }
-template <typename T>
-inline T from_f(float v) { return static_cast<T>(v); }
+using llmbench_simd::dispatch_float;
+using llmbench_simd::from_f;
+using llmbench_simd::to_f;
+#if defined(__AVX512F__)
+using llmbench_simd::load16;
+#endif
 
 #if defined(__AVX512F__)
-// 16 consecutive elements as float32 lanes.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
 // e^x for x <= 0 (softmax after subtracting the max): 2^(x·log2 e) = 2^n · 2^f, n an integer,
 // |f| <= 1/2, 2^f by its Taylor series to degree 7 (relative error < 2e-8 there).
 inline __m512 exp_nonpositive(__m512 x) {
@@ -125,17 +113,6 @@ inline float exp_shifted_sum(float* s, float m, int64_t n) {
     total += s[i];
   }
   return total;
-}
-
-// Calls f(T{}) with T the C++ type of a float32, bfloat16 or float16 tensor.
-template <typename F>
-void dispatch_float(at::ScalarType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case at::kFloat: f(float{}); break;
-    case at::kBFloat16: f(c10::BFloat16{}); break;
-    case at::kHalf: f(c10::Half{}); break;
-    default: TORCH_CHECK(false, op, ": float32, bfloat16 or float16 tensors only, got ", dtype);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

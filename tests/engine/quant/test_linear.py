@@ -13,10 +13,12 @@ from llmbench.engine.quant.linear import (
     Int4Linear,
     Int8Linear,
     PackedInt4Linear,
+    VnniLinear,
     int4_layer,
     quantize_linear,
 )
 from llmbench.engine.quant.scheme import parse_quantize
+from llmbench.kernels import cpu_gemv
 
 SCHEMES = ["int8", "int4:32", "int4:64", "int4:128", "int4:32:sym", "int4:128:sym"]
 # Rows around the int8 kernel / dequantise switch, and a prefill-sized batch.
@@ -122,8 +124,14 @@ def test_dequantise_per_call_layer_matches_the_pure_functions(name):
     assert layer.num_bytes == 100 * groups * scheme.group_size // 2 + scale_bytes
 
 
-def test_make_linear_quantises_only_when_asked():
+def test_make_linear_quantises_only_when_asked(monkeypatch):
     weight = torch.randn(64, 32)
     assert isinstance(make_linear(weight), Linear)
+    # The extension's VNNI layouts where it has them (int8, int4 in groups of 32), else torch's.
+    vnni = cpu_gemv.default().has_quant_gemv
+    for name, torch_layer in (("int8", Int8Linear), ("int4:32", PackedInt4Linear)):
+        expected = VnniLinear if vnni else torch_layer
+        assert isinstance(make_linear(weight, None, parse_quantize(name)), expected)
+    assert isinstance(make_linear(weight, None, parse_quantize("int4:64")), PackedInt4Linear)
+    monkeypatch.setattr(cpu_gemv, "default", lambda: cpu_gemv.CpuGemv("torch", "test"))
     assert isinstance(make_linear(weight, None, parse_quantize("int8")), Int8Linear)
-    assert isinstance(make_linear(weight, None, parse_quantize("int4:32")), PackedInt4Linear)

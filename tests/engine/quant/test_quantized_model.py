@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from llmbench.engine.engine import EngineConfig, LLMEngine
-from llmbench.engine.quant.linear import Int8Linear, PackedInt4Linear
+from llmbench.engine.quant.linear import Int8Linear, PackedInt4Linear, VnniLinear
 from llmbench.engine.records import StepRecord
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import UserError
 from llmbench.harness import cost_model
 from llmbench.harness.generate_stats import decode_bytes_per_s
+from llmbench.kernels import cpu_gemv
 from tests.engine.helpers import write_tiny_checkpoint
 
 SCHEMES = ["int8", "int4", "int4:64", "int4:128", "int4:sym"]
@@ -42,10 +43,15 @@ def test_every_scheme_generates(quantize, dtype):
 
 def test_every_linear_layer_is_quantised_and_the_embedding_is_not():
     model = _engine("synthetic:tiny", "bfloat16", "int4").model
+    vnni = cpu_gemv.default().has_quant_gemv  # the extension's layouts, else torch's
     for layer in model.layers:
         for matmul in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
-            assert isinstance(matmul, PackedInt4Linear)
-    assert isinstance(model.lm_head, Int8Linear)  # the lm_head is int8 under int4 layers
+            assert isinstance(matmul, VnniLinear if vnni else PackedInt4Linear)
+    # the lm_head is int8 under int4 layers
+    assert isinstance(model.lm_head, VnniLinear if vnni else Int8Linear)
+    if vnni:  # int4 layers hold scales and zero points, the int8 lm_head one scale per row
+        assert model.layers[0].qkv_proj.scale_zero is not None
+        assert model.lm_head.scale is not None and model.lm_head.scale_zero is None
     assert model.embed_tokens.dtype == torch.bfloat16
     assert model.norm.dtype == torch.bfloat16
 
@@ -80,6 +86,11 @@ def _matrix_bytes(num_out: int, num_in: int, quantize: str | None, dtype_bytes: 
     """Bytes of one [out, in] matrix as the CPU layers store it (the hand count)."""
     if quantize is None:
         return num_out * num_in * dtype_bytes
+    if cpu_gemv.default().has_quant_gemv:  # the extension's layouts: rows to a multiple of 4,
+        rows, groups = -(-num_out // 4) * 4, -(-num_in // 32)  # columns to whole groups of 32
+        if quantize == "int8":  # codes + a float32 scale per row
+            return rows * groups * 32 + rows * 4
+        return rows * groups * 16 + rows * groups * 2 * 2  # int4 + float16 scale and zero
     if quantize == "int8":  # codes (columns to a multiple of 16) + a bfloat16 scale per row
         return num_out * (-(-num_in // 16) * 16) + num_out * 2
     group = 32  # int4: rows to a multiple of 16; per group two codes a byte + scale and zero

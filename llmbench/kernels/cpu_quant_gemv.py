@@ -1,0 +1,202 @@
+"""int8 and int4 decode matmuls on AVX-512 VNNI CPUs through the C++ extension
+(`csrc/gemv_quant.cpp`): the weight layouts it reads, the exact reference, cost and checks.
+
+    y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias) (+ residual), y in x's dtype
+
+x is quantised per call to int8 in groups of 32 along K (scale max|x| / 127), as llama.cpp
+quantises activations for its Q4/Q8 dot products, so the codes multiply with VPDPBUSD (64 byte
+products an instruction); each group's int32 sum is scaled in float32. `quant_gemv_reference`
+computes the same sums exactly in float64, so the kernel matches it to float32 rounding; what
+quantising x costs in quality is `llmbench quality`'s to measure (against the weights' own
+dequantised product, `dequantize_int4_blocks` / `dequantize_int8_blocks`).
+
+Layouts (rows in blocks of 4: one 64-byte load holds 16 codes of each of 4 rows, which meet the
+same 16 x codes):
+    int4 (group 32, zero point): codes [N/4, K/32, 4, 16] uint8, byte i of row r of group g =
+         q[r, 32g + i] | q[r, 32g + 16 + i] << 4; scale_zero [N/4, K/32, 2, 4] float16 (the 4
+         rows' scales, then their zero points); w = s·(q − 8) + z
+    int8 (per output channel): codes [N/4, K/32, 2, 4, 16] int8 (half h of group g, row r:
+         q[r, 32g + 16h + i]); scale [N_padded] float32; w = s·q
+N is padded to a multiple of 4 (rows of zeros, scale 0), K to a multiple of 32 (code columns
+the kernel meets with x's zero padding).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from llmbench.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor, check_value
+from llmbench.kernels.cost import KernelCost, dtype_bytes
+from llmbench.kernels.cpu_gemv import CpuGemv
+
+OP = "quant_gemv"
+GROUP = 32  # x's quantisation group along K, and int4's weight group
+ROW_BLOCK = 4
+INT4_OFFSET = 8
+CPU = torch.device("cpu")
+
+
+def _pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """t [n, k] padded with zeros to [rows, cols]."""
+    return F.pad(t, (0, cols - t.shape[1], 0, rows - t.shape[0]))
+
+
+def _padded_sizes(out_features: int, in_features: int) -> tuple[int, int]:
+    return -(-out_features // ROW_BLOCK) * ROW_BLOCK, -(-in_features // GROUP) * GROUP
+
+
+def pack_int4(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes uint8 [N, K] (0..15), scale and zero [N, ceil(K/32)] (float16-representable) →
+    (codes [N/4, K/32, 4, 16] uint8, scale_zero [N/4, K/32, 2, 4] float16)."""
+    n, k = codes.shape
+    rows, cols = _padded_sizes(n, k)
+    groups = cols // GROUP
+    q = _pad_to(codes, rows, cols).view(rows // ROW_BLOCK, ROW_BLOCK, groups, 2, 16)
+    packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 1, 3)  # [N/4, G, 4, 16]
+    scale_zero = torch.stack(
+        [_pad_to(t.to(torch.float16), rows, groups) for t in (scale, zero)], dim=0
+    )  # [2, N, G]
+    scale_zero = scale_zero.view(2, rows // ROW_BLOCK, ROW_BLOCK, groups).permute(1, 3, 0, 2)
+    return packed.contiguous(), scale_zero.contiguous()
+
+
+def pack_int8(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes int8 [N, K], scale [N] → (codes [N/4, K/32, 2, 4, 16] int8, scale [N/4·4] float32)."""
+    n, k = codes.shape
+    rows, cols = _padded_sizes(n, k)
+    q = _pad_to(codes, rows, cols).view(rows // ROW_BLOCK, ROW_BLOCK, cols // GROUP, 2, 16)
+    scale = F.pad(scale.float(), (0, rows - n))
+    return q.permute(0, 2, 3, 1, 4).contiguous(), scale
+
+
+def dequantize_int4_blocks(
+    packed: torch.Tensor, scale_zero: torch.Tensor, out_features: int, in_features: int
+) -> torch.Tensor:
+    """The int4 layout back to W [N, K] in float32: s·(q − 8) + z per group."""
+    blocks, groups = packed.shape[:2]
+    q = torch.stack((packed & 15, packed >> 4), dim=3)  # [N/4, G, 4, 2, 16]
+    q = q.permute(0, 2, 1, 3, 4).reshape(blocks * ROW_BLOCK, groups, GROUP).float()
+    s, z = (scale_zero[:, :, i].permute(0, 2, 1).reshape(-1, groups, 1).float() for i in (0, 1))
+    w = (q - INT4_OFFSET) * s + z  # [N_pad, G, 32]
+    return w.view(blocks * ROW_BLOCK, -1)[:out_features, :in_features]
+
+
+def dequantize_int8_blocks(
+    codes: torch.Tensor, scale: torch.Tensor, out_features: int, in_features: int
+) -> torch.Tensor:
+    """The int8 layout back to W [N, K] in float32: s·q per row."""
+    blocks, groups = codes.shape[:2]
+    q = codes.permute(0, 3, 1, 2, 4).reshape(blocks * ROW_BLOCK, groups * GROUP).float()
+    return (q * scale[:, None])[:out_features, :in_features]
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] → (xq [M, G, 32], sx [M, G], Σx [M, G]) in float64, as the kernel makes them in
+    float32: sx = max|x| / 127 per group of 32, xq = round(x · (127 / max|x|)) (half to even;
+    0 where the group is all zeros); K padded with zeros to whole groups."""
+    xf = x.float()
+    xf = F.pad(xf, (0, -(-xf.shape[1] // GROUP) * GROUP - xf.shape[1]))
+    groups = xf.view(xf.shape[0], -1, GROUP)
+    amax = groups.abs().amax(dim=2)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    xq = torch.round(groups * inv[..., None])
+    return xq.double(), (amax / 127.0).double(), groups.double().sum(dim=2)
+
+
+def quant_gemv_reference(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale_zero: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel's result computed exactly (float64 from the same integer sums), rounded once
+    to x's dtype: int4 Σ_g [s·sx·Σ q·xq + (z − 8s)·Σx], int8 s·Σ_g sx·Σ q·xq."""
+    xq, sx, xsum = quantize_activations(x)  # [M, G, 32], [M, G], [M, G]
+    num_in = xq.shape[1] * GROUP
+    if scale_zero is not None:
+        s, z = (
+            scale_zero[:, :, i].permute(0, 2, 1).reshape(-1, xq.shape[1]).double() for i in (0, 1)
+        )  # [N_pad, G]
+        q = torch.stack((codes & 15, codes >> 4), dim=3).permute(0, 2, 1, 3, 4)
+        q = q.reshape(-1, xq.shape[1], GROUP).double()  # [N_pad, G, 32]
+        dots = torch.einsum("mgk,ngk->mng", xq, q)  # exact integers
+        y = (dots * s[None] * sx[:, None]).sum(-1) + ((z - 8 * s)[None] * xsum[:, None]).sum(-1)
+    else:
+        q = codes.permute(0, 3, 1, 2, 4).reshape(-1, num_in // GROUP, GROUP).double()
+        dots = torch.einsum("mgk,ngk->mng", xq, q)
+        y = (dots * sx[:, None]).sum(-1) * scale.double()[None]
+    y = y[:, :out_features]
+    if bias is not None:
+        y = y + bias.double()
+    if residual is not None:
+        y = y + residual.double()
+    return y.to(x.dtype)
+
+
+def check_quant_gemv_args(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale_zero: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> None:
+    """Raise KernelArgumentError naming the argument unless the layout is what the op reads."""
+    check_value(OP, (scale_zero is None) != (scale is None), "give scale_zero (int4) or scale")
+    check_tensor(OP, "x", x, "[M, K]", FLOAT_DTYPES, device=CPU)
+    if scale_zero is not None:
+        check_tensor(OP, "codes", codes, "[N/4, K/32, 4, 16]", (torch.uint8,), 4, CPU)
+        check_tensor(OP, "scale_zero", scale_zero, "[N/4, K/32, 2, 4]", (torch.float16,), 4, CPU)
+        check_shape(OP, "scale_zero", scale_zero, (*codes.shape[:2], 2, 4), "[N/4, K/32, 2, 4]")
+    else:
+        check_tensor(OP, "codes", codes, "[N/4, K/32, 2, 4, 16]", (torch.int8,), 5, CPU)
+        check_tensor(OP, "scale", scale, "[N]", (torch.float32,), 1, CPU)
+        check_shape(OP, "scale", scale, (codes.shape[0] * ROW_BLOCK,), "[N/4·4]")
+    blocks, groups = codes.shape[:2]
+    check_value(
+        OP,
+        0 < out_features <= blocks * ROW_BLOCK and x.shape[1] <= groups * GROUP,
+        f"codes {tuple(codes.shape)} do not cover [out_features {out_features}, K {x.shape[1]}]",
+    )
+    if bias is not None:
+        check_tensor(OP, "bias", bias, "[N]", (x.dtype,), device=CPU)
+        check_shape(OP, "bias", bias, (out_features,), "[N]")
+    if residual is not None:
+        check_tensor(OP, "residual", residual, "[M, N]", (x.dtype,), device=CPU)
+        check_shape(OP, "residual", residual, (x.shape[0], out_features), "[M, N]")
+
+
+def quant_gemv(
+    backend: CpuGemv,
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale_zero: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ dequant(W)^T (+ bias) (+ residual) → [M, N] through the extension, checked."""
+    check_quant_gemv_args(x, codes, scale_zero, scale, out_features, bias, residual)
+    check_value(OP, backend.has_quant_gemv, f"the extension ({backend.describe()}) has no VNNI")
+    return backend.op(OP)(x, codes, scale_zero, scale, out_features, bias, residual)
+
+
+def quant_gemv_cost(
+    num_rows: int, out_features: int, in_features: int, bits: int, dtype: object
+) -> KernelCost:
+    """Bytes and FLOPs of one call.
+
+    Formula: bytes = N·K·bits/8 + scales (int4: 4 bytes per 32 weights; int8: 4 per row)
+    + e·(M·K + M·N), flops = 2·M·N·K, e the bytes per element of x's dtype.
+    """
+    n, k, m = out_features, in_features, num_rows
+    weights = n * k * bits // 8 + (n * -(-k // GROUP) * 4 if bits == 4 else n * 4)
+    return KernelCost(int(weights + dtype_bytes(dtype) * (m * k + m * n)), 2 * m * n * k)

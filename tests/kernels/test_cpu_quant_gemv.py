@@ -1,0 +1,145 @@
+"""The extension's int8/int4 VNNI matmul (`kernels.cpu_quant_gemv`): its layouts against the
+pure quantisation functions, the kernel against its exact reference (the same integer sums in
+float64) and against the float product of its dequantised weights, its checks and its cost.
+Needs a CPU with AVX-512 VNNI (this machine's and CI's); `test_has_quant_gemv_follows_the_isa`
+says so where it has none."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmbench.engine.quant.codes import (
+    dequantize_int4,
+    dequantize_int8,
+    quantize_int4,
+    quantize_int8,
+)
+from llmbench.kernels import cpu_gemv, cpu_quant_gemv
+from llmbench.kernels.errors import KernelArgumentError
+
+SHAPES = [(960, 576), (7, 40), (13, 100), (4, 32)]  # padded rows (7, 13), partial groups (40, 100)
+
+
+@pytest.fixture(scope="module")
+def backend() -> cpu_gemv.CpuGemv:
+    result = cpu_gemv.default()
+    assert result.has_quant_gemv, f"no VNNI in this build: {result.describe()}"
+    return result
+
+
+def _random(shape, seed, scale=1.0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _int4(weight: torch.Tensor, has_zero: bool = True):
+    q = quantize_int4(weight, 32, has_zero, torch.float16)
+    return q, *cpu_quant_gemv.pack_int4(q.codes, q.scale, q.zero)
+
+
+def _int8(weight: torch.Tensor):
+    codes, scale = quantize_int8(weight, torch.float32)
+    return codes, scale, *cpu_quant_gemv.pack_int8(codes, scale)
+
+
+def test_has_quant_gemv_follows_the_isa():
+    assert cpu_gemv.CpuGemv("extension", "x", "avx512bf16_vnni", "ns").has_quant_gemv
+    assert not cpu_gemv.CpuGemv("extension", "x", "avx512bf16", "ns").has_quant_gemv
+    assert not cpu_gemv.CpuGemv("torch", "LLMBENCH_CPU_GEMV=torch").has_quant_gemv
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_layouts_hold_the_pure_functions_weights(shape):
+    weight = _random(shape, 1, 0.05)
+    q, packed, scale_zero = _int4(weight)
+    assert packed.shape == (-(-shape[0] // 4), -(-shape[1] // 32), 4, 16)
+    assert scale_zero.shape == (*packed.shape[:2], 2, 4) and scale_zero.dtype == torch.float16
+    unpacked = cpu_quant_gemv.dequantize_int4_blocks(packed, scale_zero, *shape)
+    torch.testing.assert_close(unpacked, dequantize_int4(q), rtol=0, atol=0)
+    codes, scale, packed8, scale8 = _int8(weight)
+    assert packed8.shape == (-(-shape[0] // 4), -(-shape[1] // 32), 2, 4, 16)
+    unpacked8 = cpu_quant_gemv.dequantize_int8_blocks(packed8, scale8, *shape)
+    torch.testing.assert_close(unpacked8, dequantize_int8(codes, scale), rtol=0, atol=0)
+
+
+def test_activation_quantisation_by_hand():
+    x = torch.zeros(1, 64)
+    x[0, 0], x[0, 1], x[0, 2] = 2.54, -1.27, 0.01  # group 0: max 2.54 → scale 0.02
+    xq, sx, xsum = cpu_quant_gemv.quantize_activations(x)  # group 1: all zeros
+    assert xq.shape == (1, 2, 32)
+    assert xq[0, 0, :3].tolist() == [127.0, -64.0, 0.0]  # -63.5 rounds half to even: -64
+    assert sx[0].tolist() == pytest.approx([0.02, 0.0], rel=1e-6)
+    assert xsum[0].tolist() == pytest.approx([1.28, 0.0], rel=1e-6)
+    assert not xq[0, 1].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("num_rows", [1, 3, 4, 6])  # the kernel takes x 4 rows at a time
+@pytest.mark.parametrize("bits", [4, 8])
+def test_kernel_matches_its_exact_reference(backend, dtype, shape, num_rows, bits):
+    weight = _random(shape, 2, 0.05)
+    x = _random((num_rows, shape[1]), 3).to(dtype)
+    if bits == 4:
+        _, codes, scale_zero = _int4(weight)
+        scale = None
+    else:
+        _, _, codes, scale = _int8(weight)
+        scale_zero = None
+    y = cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, scale, shape[0])
+    expected = cpu_quant_gemv.quant_gemv_reference(x, codes, scale_zero, scale, shape[0])
+    assert y.dtype == dtype and y.shape == (num_rows, shape[0])
+    # The same integer sums; float32 scaling and summation in another order, one rounding
+    # (near-zero outputs: an absolute error on the outputs' scale).
+    ulp = {torch.float32: 1e-5, torch.bfloat16: 2**-8, torch.float16: 2**-10}[dtype]
+    atol = ulp * expected.float().abs().max().item()
+    torch.testing.assert_close(y.float(), expected.float(), rtol=ulp, atol=atol)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_kernel_is_close_to_the_float_product_of_its_weights(backend, bits):
+    """Quantising x per 32 to int8 costs under 1% of the product (rms, Gaussian x)."""
+    weight, x = _random((960, 576), 4, 0.05), _random((2, 576), 5)
+    if bits == 4:
+        _, codes, scale_zero = _int4(weight)
+        scale, dense = None, cpu_quant_gemv.dequantize_int4_blocks(codes, scale_zero, 960, 576)
+    else:
+        _, _, codes, scale = _int8(weight)
+        scale_zero, dense = None, cpu_quant_gemv.dequantize_int8_blocks(codes, scale, 960, 576)
+    y = cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, scale, 960)
+    exact = x @ dense.t()
+    assert ((y - exact).norm() / exact.norm()).item() < 0.01
+
+
+def test_symmetric_int4_and_bias_and_residual(backend):
+    weight, x = _random((13, 100), 6, 0.05), _random((3, 100), 7).bfloat16()
+    _, codes, scale_zero = _int4(weight, has_zero=False)
+    bias, residual = _random((13,), 8).bfloat16(), _random((3, 13), 9).bfloat16()
+    y = cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, None, 13, bias, residual)
+    expected = cpu_quant_gemv.quant_gemv_reference(x, codes, scale_zero, None, 13, bias, residual)
+    torch.testing.assert_close(y.float(), expected.float(), rtol=2**-8, atol=0.02)
+
+
+def test_argument_errors_name_the_argument(backend):
+    weight, x = _random((8, 64), 10, 0.05), _random((1, 64), 11)
+    _, codes, scale_zero = _int4(weight)
+    _, _, codes8, scale8 = _int8(weight)
+    with pytest.raises(KernelArgumentError, match="give scale_zero"):
+        cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, scale8, 8)
+    with pytest.raises(KernelArgumentError, match="codes has dtype int8"):
+        cpu_quant_gemv.quant_gemv(backend, x, codes8.view(2, 2, 2, 64), scale_zero, None, 8)
+    with pytest.raises(KernelArgumentError, match="do not cover"):
+        cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, None, 9)
+    with pytest.raises(KernelArgumentError, match="do not cover"):
+        cpu_quant_gemv.quant_gemv(backend, _random((1, 65), 12), codes8, None, scale8, 8)
+    with pytest.raises(KernelArgumentError, match="scale has dtype float16"):
+        cpu_quant_gemv.quant_gemv(backend, x, codes8, None, scale8.half(), 8)
+
+
+def test_cost_counts_codes_scales_and_activations():
+    # int4: 960·576/2 code bytes + 960·18 groups·4 scale bytes + bf16 x (576) and y (960)
+    cost = cpu_quant_gemv.quant_gemv_cost(1, 960, 576, 4, torch.bfloat16)
+    assert cost.bytes == 960 * 288 + 960 * 18 * 4 + 2 * (576 + 960)
+    assert cost.flops == 2 * 960 * 576
+    cost8 = cpu_quant_gemv.quant_gemv_cost(2, 960, 576, 8, torch.float32)
+    assert cost8.bytes == 960 * 576 + 960 * 4 + 4 * (2 * 576 + 2 * 960)
