@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -225,37 +226,165 @@ inline void for_each_slot(const int32_t* table, int64_t block_size, int64_t p0, 
 
 constexpr int64_t kMaxHeadDim = 256;
 
-// One work item: partial (m, l, acc) for its g query heads over positions [p0, p1). Each key
-// and value row is read and converted to float32 once for all g heads.
+// The slots of positions p0 .. p1 − 1 of a sequence, in order.
+inline void slots_of(const int32_t* table, int64_t block_size, int64_t p0, int64_t p1,
+                     int64_t* slots) {
+  for_each_slot(table, block_size, p0, p1, [&](int64_t p, int64_t slot) { slots[p - p0] = slot; });
+}
+
+#if defined(__AVX512F__)
+// Σ lanes of each of v[0..15], as the 16 lanes of one vector (lane i: v[i]'s sum). A tree of
+// 128-bit and 32-bit shuffles, 3 ops a vector where one reduction alone costs about 8.
+inline __m512 sum_lanes_16(const __m512 v[16]) {
+  __m512 r[8], u[4], w[2];
+  for (int k = 0; k < 8; ++k) {  // r[k]: quarters (v[2k] 0+2, 1+3, v[2k+1] 0+2, 1+3)
+    const __m512 lo = _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 hi = _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    r[k] = _mm512_add_ps(lo, hi);
+  }
+  for (int k = 0; k < 4; ++k) {  // u[k]: quarter i holds 4 partial sums of v[4k + i]
+    const __m512 lo = _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 hi = _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1));
+    u[k] = _mm512_add_ps(lo, hi);
+  }
+  for (int k = 0; k < 2; ++k) {  // w[k]: quarter i: 2 partials of v[8k + i], 2 of v[8k + 4 + i]
+    const __m512 lo = _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 hi = _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    w[k] = _mm512_add_ps(lo, hi);
+  }
+  const __m512 lo = _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0));
+  const __m512 hi = _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1));
+  // lane 4i + j now holds the sum of v[4j + i]: transpose the 4 x 4 lane order back
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, _mm512_add_ps(lo, hi));
+}
+
+// Scores of g query heads (qf: [g, d], scaled) against the keys of `slots` [n], for a head_dim
+// of NC·16: 16 keys at a time, converted once for all heads, each head's 16 dot products
+// summed by one lane-sum tree. scores: [g, n].
+template <int NC, typename T>
+void score_keys_fast(const T* kc, int64_t k_slot, int64_t head_offset, const int64_t* slots,
+                     int64_t n, int64_t g, const float* qf, float* scores) {
+  constexpr int64_t d = NC * 16;
+  alignas(64) float keys[16][d];
+  alignas(64) float sums[16];
+  for (int64_t p0 = 0; p0 < n; p0 += 16) {
+    const int64_t count = std::min<int64_t>(16, n - p0);
+    for (int64_t r = 0; r < count; ++r) {
+      const T* k = kc + slots[p0 + r] * k_slot + head_offset;
+      for (int c = 0; c < NC; ++c) _mm512_store_ps(&keys[r][16 * c], load16(k + 16 * c));
+    }
+    for (int64_t j = 0; j < g; ++j) {
+      __m512 qv[NC];
+      for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(qf + j * d + 16 * c);
+      __m512 dots[16];
+      for (int64_t r = 0; r < 16; ++r) {
+        __m512 a = _mm512_setzero_ps();
+        if (r < count)
+          for (int c = 0; c < NC; ++c)
+            a = _mm512_fmadd_ps(qv[c], _mm512_load_ps(&keys[r][16 * c]), a);
+        dots[r] = a;
+      }
+      _mm512_store_ps(sums, sum_lanes_16(dots));
+      std::memcpy(scores + j * n + p0, sums, count * sizeof(float));
+    }
+  }
+}
+
+// acc_out[j] = Σ_p weights[j, p] · v[slots[p]] for g heads, head_dim NC·16: the accumulators of
+// 4 heads held in registers, each value row converted once for them.
+template <int NC, typename T>
+void accumulate_values_fast(const T* vc, int64_t v_slot, int64_t head_offset,
+                            const int64_t* slots, int64_t n, int64_t g, const float* weights,
+                            float* acc_out) {
+  constexpr int64_t d = NC * 16;
+  for (int64_t j0 = 0; j0 < g; j0 += 4) {
+    const int64_t heads = std::min<int64_t>(4, g - j0);
+    __m512 acc[4][NC];
+    for (int64_t jj = 0; jj < 4; ++jj)
+      for (int c = 0; c < NC; ++c) acc[jj][c] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < n; ++p) {
+      const T* v = vc + slots[p] * v_slot + head_offset;
+      __m512 vv[NC];
+      for (int c = 0; c < NC; ++c) vv[c] = load16(v + 16 * c);
+      for (int64_t jj = 0; jj < heads; ++jj) {
+        const __m512 w = _mm512_set1_ps(weights[(j0 + jj) * n + p]);
+        for (int c = 0; c < NC; ++c) acc[jj][c] = _mm512_fmadd_ps(w, vv[c], acc[jj][c]);
+      }
+    }
+    for (int64_t jj = 0; jj < heads; ++jj)
+      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc_out + (j0 + jj) * d + 16 * c, acc[jj][c]);
+  }
+}
+
+// Calls f(std::integral_constant<int, NC>) for a head_dim of NC·16 (16 .. 128); false if the
+// head_dim is another (the generic loops then).
+template <typename F>
+bool with_head_chunks(int64_t d, F&& f) {
+  switch (d) {
+    case 16: f(std::integral_constant<int, 1>{}); return true;
+    case 32: f(std::integral_constant<int, 2>{}); return true;
+    case 48: f(std::integral_constant<int, 3>{}); return true;
+    case 64: f(std::integral_constant<int, 4>{}); return true;
+    case 80: f(std::integral_constant<int, 5>{}); return true;
+    case 96: f(std::integral_constant<int, 6>{}); return true;
+    case 112: f(std::integral_constant<int, 7>{}); return true;
+    case 128: f(std::integral_constant<int, 8>{}); return true;
+    default: return false;
+  }
+}
+#endif
+
+// One work item: partial (m, l, acc) for its g query heads over positions [p0, p1): scores,
+// softmax numerators, then the weighted sum of values. Each key and value row is read and
+// converted to float32 once for all g heads.
 template <typename T>
 void attend_partition(const AttentionProblem& a, const T* q, const T* kc, const T* vc, int64_t b,
                       int64_t kv_head, int64_t p0, int64_t p1, float* m_out, float* l_out,
                       float* acc_out) {
   const int64_t g = a.num_heads / a.num_kv_heads, d = a.head_dim, n = p1 - p0;
   std::vector<float> qf(g * d), scores(g * n);
+  std::vector<int64_t> slots(n);
   for (int64_t j = 0; j < g; ++j) {
     const T* qj = q + b * a.q_row + (kv_head * g + j) * a.q_head;
     for (int64_t i = 0; i < d; ++i) qf[j * d + i] = to_f(qj[i]) * a.scale;
   }
-  const int32_t* table = a.block_tables + b * a.max_blocks;
-  float row[kMaxHeadDim];  // one key or value row in float32
-  for_each_slot(table, a.block_size, p0, p1, [&](int64_t p, int64_t slot) {
-    const T* k = kc + slot * a.k_slot + kv_head * d;
-    to_float_row(k, row, d);
-    for (int64_t j = 0; j < g; ++j) scores[j * n + (p - p0)] = dot(qf.data() + j * d, row, d);
+  slots_of(a.block_tables + b * a.max_blocks, a.block_size, p0, p1, slots.data());
+  const int64_t offset = kv_head * d;
+  bool is_fast = false;
+#if defined(__AVX512F__)
+  is_fast = with_head_chunks(d, [&](auto nc) {
+    score_keys_fast<decltype(nc)::value, T>(kc, a.k_slot, offset, slots.data(), n, g, qf.data(),
+                                            scores.data());
   });
-  std::fill(acc_out, acc_out + g * d, 0.0f);
+#endif
+  float row[kMaxHeadDim];  // one key or value row in float32 (the generic loops)
+  if (!is_fast) {
+    for (int64_t p = 0; p < n; ++p) {
+      to_float_row(kc + slots[p] * a.k_slot + offset, row, d);
+      for (int64_t j = 0; j < g; ++j) scores[j * n + p] = dot(qf.data() + j * d, row, d);
+    }
+  }
   for (int64_t j = 0; j < g; ++j) {
     float* s = scores.data() + j * n;
     const float m = *std::max_element(s, s + n);
     m_out[j] = m;
     l_out[j] = exp_shifted_sum(s, m, n);
   }
-  for_each_slot(table, a.block_size, p0, p1, [&](int64_t p, int64_t slot) {
-    const T* v = vc + slot * a.v_slot + kv_head * d;
-    to_float_row(v, row, d);
-    for (int64_t j = 0; j < g; ++j) axpy(acc_out + j * d, scores[j * n + (p - p0)], row, d);
-  });
+#if defined(__AVX512F__)
+  if (is_fast) {
+    with_head_chunks(d, [&](auto nc) {
+      accumulate_values_fast<decltype(nc)::value, T>(vc, a.v_slot, offset, slots.data(), n, g,
+                                                     scores.data(), acc_out);
+    });
+    return;
+  }
+#endif
+  std::fill(acc_out, acc_out + g * d, 0.0f);
+  for (int64_t p = 0; p < n; ++p) {
+    to_float_row(vc + slots[p] * a.v_slot + offset, row, d);
+    for (int64_t j = 0; j < g; ++j) axpy(acc_out + j * d, scores[j * n + p], row, d);
+  }
 }
 
 template <typename T>
