@@ -52,29 +52,30 @@ class Linear:
     `is_input_major`. Measured here (float32, 2 threads, one row, weights from DRAM), MKL reads
     a wide matrix faster input-major: [3072, 576] 20.7 vs 15.5 GB/s, [49152, 576] 22.0 vs 15.8;
     a tall one slower: [576, 1536] 13.9 vs 16.1. In 16 bits the native kernel wants [out, in].
-    On a CPU, 16-bit layers of up to `max_fast_rows` rows run the C++ extension of
-    `kernels.cpu_gemv` instead: one row through [3072, 576] bfloat16 streamed 36.6 GB/s there
-    vs 24.8 native (plain read 48.9), measured in one process.
+    On a CPU with the C++ extension of `kernels.cpu_gemv` (any float dtype), calls of up to
+    `max_fast_rows` rows run it instead, on [out, in]: one row through [3072, 576] bfloat16
+    streamed 36.6 GB/s there vs 24.8 native (plain read 48.9), measured in one process; float32
+    figures are at `cpu_gemv.MAX_ROWS_F32`. The input-major layout is then not used.
     """
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     is_input_major: bool = False
-    # CPU, 16 bits: the C++ matmul of `kernels.cpu_gemv` (None: torch), for up to this many rows.
+    # CPU: the C++ matmul of `kernels.cpu_gemv` (None: torch), for up to this many rows.
     fast_op: Callable[..., torch.Tensor] | None = None
     max_fast_rows: int = 0
 
     @classmethod
     def build(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         out_features, in_features = weight.shape
-        if weight.device.type == "cpu" and weight.dtype == torch.float32:
-            if out_features > in_features:
-                return cls(weight.t().contiguous(), bias, is_input_major=True)
         if weight.device.type == "cpu" and weight.dtype in cpu_gemv.WEIGHT_DTYPES:
             backend = cpu_matmul()
             if backend.is_extension:
                 rows = cpu_gemv.max_rows(weight.dtype)
                 return cls(weight.contiguous(), bias, fast_op=backend.op(), max_fast_rows=rows)
+        if weight.device.type == "cpu" and weight.dtype == torch.float32:
+            if out_features > in_features:
+                return cls(weight.t().contiguous(), bias, is_input_major=True)
         return cls(weight, bias)
 
     @property
@@ -230,8 +231,8 @@ class LlamaModel:
         self.layers = [self._layer(weights, i) for i in range(config.num_layers)]
         self.norm = weights["model.norm.weight"]
         # A tied lm_head shares the embedding's storage unless Linear re-lays it out (float32
-        # CPU: a transposed copy, +V*h*4 bytes, read 40% faster per decode step) or it is
-        # quantised (a copy in its own scheme).
+        # CPU without the C++ extension: a transposed copy, +V*h*4 bytes, read 40% faster per
+        # decode step) or it is quantised (a copy in its own scheme).
         self.lm_head = make_linear(
             self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"],
             quantize=lm_head_scheme(quantize),
@@ -241,7 +242,7 @@ class LlamaModel:
         # The kernels layer's Triton ops (CUDA with Triton: `kernel_ops`), or None: torch ops.
         dispatch = kernel_ops.dispatch_for(self.device)
         # CPU without Triton: RMSNorm, RoPE and decode attention through the C++ extension
-        # when it is in use (`kernels.cpu_layer_ops`), 16-bit matmuls too (`Linear`).
+        # when it is in use (`kernels.cpu_layer_ops`), decode-sized matmuls too (`Linear`).
         self.cpu_ops: CpuLayerOps | None = None
         if self.device.type == "cpu" and not dispatch.uses_triton:
             backend = cpu_matmul()
@@ -249,7 +250,7 @@ class LlamaModel:
             if backend.is_extension:
                 self.cpu_ops = CpuLayerOps.of(backend)
                 if self.dtype in cpu_gemv.WEIGHT_DTYPES:
-                    ops = ("16-bit matmuls", *ops)
+                    ops = ("matmuls", *ops)
             dispatch = dataclasses.replace(
                 dispatch, cpu_extension=backend.describe(), cpu_extension_ops=ops
             )

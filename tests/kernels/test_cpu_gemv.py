@@ -36,7 +36,7 @@ def _random(shape, dtype, seed):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("out_features, in_features", [(960, 576), (7, 33), (13, 100), (5, 1536)])
 @pytest.mark.parametrize("adds", ["none", "bias", "residual", "both"])
@@ -49,8 +49,8 @@ def test_matches_float32_reference(backend, dtype, num_rows, out_features, in_fe
     expected = cpu_gemv.gemv_reference(x, weight, bias, residual)
     assert y.dtype == dtype and y.shape == (num_rows, out_features)
     # Both sum in float32 and round once: they differ by the summation order only, at most
-    # about one unit in the last place of the 16-bit result.
-    ulp = 2**-7 if dtype == torch.bfloat16 else 2**-10
+    # about one unit in the last place of the 16-bit result (float32: a few units of the sum's).
+    ulp = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 2**-16}[dtype]
     torch.testing.assert_close(y.float(), expected.float(), rtol=ulp, atol=ulp * in_features**0.5)
 
 
@@ -74,8 +74,8 @@ def test_strided_rows_of_x_are_read_in_place(backend):
 def test_launcher_rejects_wrong_layouts(backend):
     x = torch.randn(1, 64).bfloat16()
     weight = torch.randn(32, 64).bfloat16()
-    with pytest.raises(KernelArgumentError, match="weight has dtype float32"):
-        cpu_gemv.gemv(backend, x.float(), weight.float())
+    with pytest.raises(KernelArgumentError, match="weight has dtype float64"):
+        cpu_gemv.gemv(backend, x.double(), weight.double())
     with pytest.raises(KernelArgumentError, match="x has dtype float16, weight bfloat16"):
         cpu_gemv.gemv(backend, x.half(), weight)
     with pytest.raises(KernelArgumentError, match="weight must be contiguous"):
@@ -215,3 +215,4 @@ def test_describe_for_provenance():
 def test_max_rows_per_dtype():
     assert cpu_gemv.max_rows(torch.bfloat16) == cpu_gemv.MAX_ROWS_BF16
     assert cpu_gemv.max_rows(torch.float16) == cpu_gemv.MAX_ROWS_F16
+    assert cpu_gemv.max_rows(torch.float32) == cpu_gemv.MAX_ROWS_F32

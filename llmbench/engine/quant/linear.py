@@ -10,9 +10,9 @@ at one row: int4 6.4 ms vs torch's kernel 7.2, int8 6.9 vs 13.0; decode steps of
 model 5.6 ms (int4) and 6.6 ms (int8) against 9.3 ms bfloat16. Other group sizes, and CPUs
 without VNNI, take torch's kernels below.
 
-CPU otherwise: torch's weight-only kernels, which want bfloat16 activations and scales (their float32
-and float16 paths are 8-30x slower here); a float32 or float16 model converts x on the way in
-and y on the way out. Measured on this 2-core AMD EPYC (AVX-512 BF16/VNNI, no AMX), torch
+CPU otherwise: torch's weight-only kernels, which want bfloat16 activations and scales (their
+float32 and float16 paths are 8-30x slower here); a float32 or float16 model converts x on the
+way in and y on the way out. Measured on this 2-core AMD EPYC (AVX-512 BF16/VNNI, no AMX), torch
 2.13, 2 threads, load average 1.5 (one other job), the 120 matrices of SmolLM2-135M's 30 layers
 in one pass, median of 7 (ms per pass; `python benchmarks/quant_kernels.py` repeats it):
 

@@ -1,5 +1,5 @@
 // Decode-shaped matrix products on the CPU: y[M, N] = x[M, K] @ W[N, K]^T (+ bias[N])
-// (+ residual[M, N]) for 16-bit weights (bfloat16 or float16), float32 accumulation, y in x's
+// (+ residual[M, N]) for bfloat16, float16 or float32 weights, float32 accumulation, y in x's
 // dtype (rounded once, after the adds).
 //
 // Built for small M (decode: 1-4 rows per call) where the product is bound by reading W once:
@@ -57,8 +57,13 @@ constexpr const char* kIsa = "avx2";
 constexpr const char* kIsa = "scalar";
 #endif
 
-inline float to_float(uint16_t bits, bool is_bf16) {
-  if (is_bf16) {
+// The element type of x, W, bias, residual and y (one for all).
+enum Kind { kBF16, kF16, kF32 };
+
+inline float to_float(const void* base, int64_t i, Kind kind) {
+  if (kind == kF32) return static_cast<const float*>(base)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(base)[i];
+  if (kind == kBF16) {
     uint32_t u = static_cast<uint32_t>(bits) << 16;
     float f;
     std::memcpy(&f, &u, sizeof f);
@@ -67,12 +72,20 @@ inline float to_float(uint16_t bits, bool is_bf16) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-// Sums acc[m][r] = x[m, :] . W[n0 + r, :] for NM rows of x and NR rows of W.
+inline void store(void* base, int64_t i, float v, Kind kind) {
+  if (kind == kF32) static_cast<float*>(base)[i] = v;
+  else static_cast<uint16_t*>(base)[i] = kind == kBF16 ? c10::BFloat16(v).x : c10::Half(v).x;
+}
+
+inline int64_t elem_bytes(Kind kind) { return kind == kF32 ? 4 : 2; }
+
+// Sums acc[m][r] = x[m, :] . W[n0 + r, :] for NM rows of x and NR rows of W (of KIND).
 // xf: x as float32 [M, K] (every path but VDPBF16PS reads x converted once).
-template <int NM, int NR>
-void dot_rows_float(const float* xf, int64_t K, const uint16_t* w, bool is_bf16,
-                    float acc[kMaxM][kRows]) {
+template <int NM, int NR, Kind KIND>
+void dot_rows_float(const float* xf, int64_t K, const void* wv_base, float acc[kMaxM][kRows]) {
   int64_t k = 0;
+  const uint16_t* w = static_cast<const uint16_t*>(wv_base);
+  const float* wf = static_cast<const float*>(wv_base);
 #if defined(__AVX512F__)
   __m512 a[NM][NR];
   for (int m = 0; m < NM; ++m)
@@ -80,9 +93,17 @@ void dot_rows_float(const float* xf, int64_t K, const uint16_t* w, bool is_bf16,
   for (; k + 16 <= K; k += 16) {
     __m512 wv[NR];
     for (int r = 0; r < NR; ++r) {
-      __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * K + k));
-      wv[r] = is_bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))
-                      : _mm512_cvtph_ps(raw);
+      if (KIND == kF32) {
+        // the same offset in the next block of rows: 4 rows x K x 4 bytes ahead
+        if (LLMBENCH_GEMV_PREFETCH)
+          _mm_prefetch(reinterpret_cast<const char*>(wf + (r + NR) * K + k), _MM_HINT_T0);
+        wv[r] = _mm512_loadu_ps(wf + r * K + k);
+      } else {
+        __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * K + k));
+        wv[r] = KIND == kBF16
+                    ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))
+                    : _mm512_cvtph_ps(raw);
+      }
     }
     for (int m = 0; m < NM; ++m) {
       __m512 xv = _mm512_loadu_ps(xf + m * K + k);
@@ -98,9 +119,14 @@ void dot_rows_float(const float* xf, int64_t K, const uint16_t* w, bool is_bf16,
   for (; k + 8 <= K; k += 8) {
     __m256 wv[NR];
     for (int r = 0; r < NR; ++r) {
-      __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * K + k));
-      wv[r] = is_bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))
-                      : _mm256_cvtph_ps(raw);
+      if (KIND == kF32) {
+        wv[r] = _mm256_loadu_ps(wf + r * K + k);
+      } else {
+        __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * K + k));
+        wv[r] = KIND == kBF16
+                    ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))
+                    : _mm256_cvtph_ps(raw);
+      }
     }
     for (int m = 0; m < NM; ++m) {
       __m256 xv = _mm256_loadu_ps(xf + m * K + k);
@@ -120,7 +146,7 @@ void dot_rows_float(const float* xf, int64_t K, const uint16_t* w, bool is_bf16,
 #endif
   for (; k < K; ++k) {  // the tail (everything on the scalar path)
     for (int r = 0; r < NR; ++r) {
-      float wk = to_float(w[r * K + k], is_bf16);
+      float wk = to_float(wv_base, r * K + k, KIND);
       for (int m = 0; m < NM; ++m) acc[m][r] += wk * xf[m * K + k];
     }
   }
@@ -156,43 +182,44 @@ void dot_rows_bf16(const uint16_t* x, int64_t x_row, int64_t K, const uint16_t* 
 #endif
 
 struct Problem {
-  const uint16_t* x;   // [M, K], row stride x_row
+  const void* x;       // [M, K], row stride x_row
   int64_t x_row;
   const float* xf;     // x as float32 [M, K] (nullptr on the VDPBF16PS path)
-  const uint16_t* w;   // [N, K] contiguous
-  const uint16_t* bias;      // [N] or nullptr
-  const uint16_t* residual;  // [M, N], row stride res_row, or nullptr
+  const void* w;       // [N, K] contiguous
+  const void* bias;      // [N] or nullptr
+  const void* residual;  // [M, N], row stride res_row, or nullptr
   int64_t res_row;
-  uint16_t* y;         // [M, N] contiguous
+  void* y;             // [M, N] contiguous
   int64_t M, N, K;
-  bool is_bf16;
+  Kind kind;
   bool use_dpbf16;
 };
-
-inline uint16_t round_to(float v, bool is_bf16) {
-  return is_bf16 ? c10::BFloat16(v).x : c10::Half(v).x;
-}
 
 template <int NM, int NR>
 void block(const Problem& p, int64_t n0, int64_t m0) {
   float acc[kMaxM][kRows];
-  const uint16_t* w = p.w + n0 * p.K;
+  const char* w = static_cast<const char*>(p.w) + n0 * p.K * elem_bytes(p.kind);
+  const float* xf = p.xf ? p.xf + m0 * p.K : nullptr;
 #if defined(__AVX512BF16__)
   if (p.use_dpbf16) {
-    dot_rows_bf16<NM, NR>(p.x + m0 * p.x_row, p.x_row, p.K, w, acc);
-  } else {
-    dot_rows_float<NM, NR>(p.xf + m0 * p.K, p.K, w, p.is_bf16, acc);
-  }
-#else
-  dot_rows_float<NM, NR>(p.xf + m0 * p.K, p.K, w, p.is_bf16, acc);
+    const uint16_t* x = static_cast<const uint16_t*>(p.x) + m0 * p.x_row;
+    dot_rows_bf16<NM, NR>(x, p.x_row, p.K, reinterpret_cast<const uint16_t*>(w), acc);
+  } else
 #endif
+  if (p.kind == kF32) {
+    dot_rows_float<NM, NR, kF32>(xf, p.K, w, acc);
+  } else if (p.kind == kBF16) {
+    dot_rows_float<NM, NR, kBF16>(xf, p.K, w, acc);
+  } else {
+    dot_rows_float<NM, NR, kF16>(xf, p.K, w, acc);
+  }
   for (int m = 0; m < NM; ++m) {
     for (int r = 0; r < NR; ++r) {
       const int64_t n = n0 + r;
       float v = acc[m][r];
-      if (p.bias) v += to_float(p.bias[n], p.is_bf16);
-      if (p.residual) v += to_float(p.residual[(m0 + m) * p.res_row + n], p.is_bf16);
-      p.y[(m0 + m) * p.N + n] = round_to(v, p.is_bf16);
+      if (p.bias) v += to_float(p.bias, n, p.kind);
+      if (p.residual) v += to_float(p.residual, (m0 + m) * p.res_row + n, p.kind);
+      store(p.y, (m0 + m) * p.N + n, v, p.kind);
     }
   }
 }
@@ -212,16 +239,17 @@ void rows_of_w(const Problem& p, int64_t n0) {
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                 const c10::optional<at::Tensor>& residual) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "gemv: CPU tensors only");
-  TORCH_CHECK(weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf,
-              "gemv: weight must be bfloat16 or float16, got ", weight.scalar_type());
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "gemv: x dtype ", x.scalar_type(),
-              " must match the weight's ", weight.scalar_type());
+  const at::ScalarType dtype = weight.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
+              "gemv: weight must be bfloat16, float16 or float32, got ", dtype);
+  TORCH_CHECK(x.scalar_type() == dtype, "gemv: x dtype ", x.scalar_type(),
+              " must match the weight's ", dtype);
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
               "gemv: want x [M, K] and weight [N, K]");
   TORCH_CHECK(weight.is_contiguous(), "gemv: weight must be contiguous [N, K]");
   TORCH_CHECK(x.stride(1) == 1, "gemv: x rows must be contiguous");
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  const bool is_bf16 = weight.scalar_type() == at::kBFloat16;
+  const Kind kind = dtype == at::kFloat ? kF32 : dtype == at::kBFloat16 ? kBF16 : kF16;
   if (bias) {
     TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->dim() == 1 &&
                     bias->size(0) == N && bias->is_contiguous(),
@@ -236,35 +264,37 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const c10::option
   if (M == 0 || N == 0) return y;
 
   Problem p;
-  p.x = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  p.x = x.data_ptr();
   p.x_row = x.stride(0);
-  p.w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
-  p.bias = bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
-  p.residual = residual ? reinterpret_cast<const uint16_t*>(residual->data_ptr()) : nullptr;
+  p.w = weight.data_ptr();
+  p.bias = bias ? bias->data_ptr() : nullptr;
+  p.residual = residual ? residual->data_ptr() : nullptr;
   p.res_row = residual ? residual->stride(0) : 0;
-  p.y = reinterpret_cast<uint16_t*>(y.data_ptr());
+  p.y = y.data_ptr();
   p.M = M;
   p.N = N;
   p.K = K;
-  p.is_bf16 = is_bf16;
+  p.kind = kind;
 #if defined(__AVX512BF16__)
-  p.use_dpbf16 = is_bf16;
+  p.use_dpbf16 = kind == kBF16;
 #else
   p.use_dpbf16 = false;
 #endif
   std::vector<float> xf;
   p.xf = nullptr;
-  if (!p.use_dpbf16) {  // x to float32 once, not once per row of W
+  if (kind == kF32 && p.x_row == K) {  // already float32 [M, K]
+    p.xf = static_cast<const float*>(p.x);
+  } else if (!p.use_dpbf16) {  // x to float32 once, not once per row of W
     xf.resize(M * K);
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) xf[m * K + k] = to_float(p.x[m * p.x_row + k], is_bf16);
+      for (int64_t k = 0; k < K; ++k) xf[m * K + k] = to_float(p.x, m * p.x_row + k, kind);
     p.xf = xf.data();
   }
   const int64_t num_groups = N / kRows;
   // Each thread streams one contiguous block of rows (at least ~64 KiB of W: a smaller matrix
   // runs on the calling thread). Measured here, handing out 64 KiB tasks dynamically instead
   // was as fast on a quiet machine and up to 3x slower in whole decode steps on a busy one.
-  const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / (kRows * K * 2));
+  const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / (kRows * K * elem_bytes(kind)));
   at::parallel_for(0, num_groups, per_task, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) rows_of_w<kRows>(p, g * kRows);
   });
