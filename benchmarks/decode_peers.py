@@ -1,223 +1,224 @@
-"""Single-stream decode of smollm2-135m in one sitting: llmbench in bfloat16, int8 and int4 beside
-CTranslate2 int8 and llama.cpp Q4_1 (the GGUF itself), same prompt, tokens and threads.
+"""Single-stream decode of smollm2-135m in one sitting: llmbench beside `transformers`,
+CTranslate2 and llama.cpp, every engine on the same GGUF weights, same prompt, greedy, threads.
 
     python benchmarks/decode_peers.py --peers-python /work/peers/venv/bin/python
+    python benchmarks/decode_peers.py --rows "llmbench b,llama.cpp F16" --tokens 16 --rounds 1
 
-The peers run in their own interpreter (DEVELOPERS.md says how to install them); without
-`--peers-python` only the llmbench rows run. CTranslate2 needs the model converted once: the
-script does it into `--ct2-dir` (from the GGUF through `transformers`, then CTranslate2's own
-converter, quantization int8).
+Rows: llmbench float32, bfloat16, int8 and int4 (weights quantised at load); `transformers.generate`
+float32 and bfloat16 (the GGUF dequantised by transformers, in this process); CTranslate2 float32
+and int8 (converted once from the GGUF through transformers); llama.cpp F32, F16 (the GGUF
+dequantised by `benchmarks/gguf_dequantize.py`, cached) and Q4_1 (the GGUF itself). The peers
+run in their own interpreter, `--peers-python` ($LLMBENCH_LLAMA_CPP_PYTHON by default;
+DEVELOPERS.md says how to install them); without one only llmbench and transformers run.
+`--rows` picks rows by name prefix ("llmbench", "llama.cpp F16", ...).
 
-Every engine is loaded first (each peer in a process of its own, waiting for its turn); then
-`--rounds` rounds each run every row once, in turn: one generation of `--tokens` tokens from the
-same chat prompt, end-of-sequence ignored, `--threads` threads. Round 0 is a warm-up. Rows
-interleaved this way see the same neighbours on a shared machine. decode tok/s =
-(n − 1) / (t_last − t_first): the median over rounds, with the range. GB/s: llmbench's from its
-step records and the cost model (the loaded weights' real bytes, scales included, + K/V); a
-peer's ≈ its weight file's bytes (every weight read once a step) × tok/s. MBU = GB/s / the read
-bandwidth measured at the start. The load average before and after is printed: on this 2-core
-machine a busy neighbour halves every number, so compare rows of one sitting only.
+Every engine is loaded first (each peer in a process of its own, waiting for its turn), then the
+read bandwidth is measured (`llmbench hardware`'s probes); then `--rounds` rounds each run every
+row once, in turn: one generation of `--tokens` tokens from the same prompt ids, end-of-sequence
+ignored, `--threads` threads. Round 0 is a warm-up. Rows interleaved this way see the same
+neighbours on a shared machine. decode tok/s = (n − 1) / (t_last − t_first): the median over
+rounds, with the range. GB/s: llmbench's from its step records and the cost model (the loaded
+weights' real bytes, scales included, + K/V); another engine's = (its weights' bytes, each read
+once a step, + the cost model's K/V bytes at its cache's precision) × tok/s. MBU = GB/s / the
+read bandwidth. "x HF" = tok/s / `transformers` tok/s in the row's precision (float32, else
+bfloat16). "agree" = leading greedy tokens equal to llmbench float32's (`transformers` and
+CTranslate2 suppress end-of-sequence where the others decode past it: an EOS parts them). Then
+the targets the engine is held to. The load average before and after is printed: on this
+2-core machine a busy neighbour halves every number, so compare rows of one sitting only.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
-import sys
-from pathlib import Path
+import time
 
+import gguf_dequantize
+import peer_table
 import torch
+from peer_engines import Generation, LlmbenchRow, PeerRow, TransformersRow, ensure_ct2_model
 
 from llmbench.engine import model_store
-from llmbench.engine.engine import EngineConfig, LLMEngine
-from llmbench.engine.sampling import SamplingParams
+from llmbench.engine.config import ModelConfig
 from llmbench.engine.weights import open_weights
-from llmbench.harness.generate_stats import decode_bytes_per_s, decode_tok_per_s
 
+Row = LlmbenchRow | TransformersRow | PeerRow
+
+MODEL = "smollm2-135m"
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
-LLMBENCH_ROWS = {"bfloat16": None, "int8": "int8", "int4": "int4"}  # row → --quantize
-
-# Run by the peers' interpreter: argv[1] is a JSON job. It loads the model, prints "ready", then
-# for every line on stdin decodes once and prints that generation's tok/s.
-PEER_CODE = r"""
-import json, sys, time
-job = json.loads(sys.argv[1])
-n = job["tokens"]
-if job["kind"] == "llama.cpp":
-    from llama_cpp import Llama
-    llm = Llama(model_path=job["model"], n_threads=job["threads"],
-                n_threads_batch=job["threads"], n_ctx=2048, verbose=False)
-
-    def decode():
-        stamps = []
-        for _token in llm.generate(job["prompt_ids"], top_k=1, temp=0.0, reset=True):
-            stamps.append(time.perf_counter_ns())
-            if len(stamps) == n:
-                return stamps
-else:
-    import ctranslate2
-    vocab = json.load(open(job["model"] + "/vocabulary.json"))
-    tokens = [vocab[i] for i in job["prompt_ids"]]
-    gen = ctranslate2.Generator(job["model"], device="cpu", compute_type="int8",
-                                intra_threads=job["threads"], inter_threads=1)
-
-    def decode():
-        steps = gen.generate_tokens(tokens, max_length=n, min_length=n, sampling_topk=1)
-        return [time.perf_counter_ns() for _step in steps]
-print("ready", flush=True)
-for _line in sys.stdin:
-    stamps = decode()
-    print((len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1e9), flush=True)
-"""
-
-# Run by this interpreter with the peers' site-packages appended (CTranslate2's converter needs
-# `transformers` and torch, which only this environment has): GGUF → HF folder → CTranslate2.
-CONVERT_CODE = r"""
-import sys, tempfile
-sys.path.append(sys.argv[3])
-import torch
-from ctranslate2.converters import TransformersConverter
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-gguf, out = sys.argv[1], sys.argv[2]
-folder, name = gguf.rsplit("/", 1)
-loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-config = {k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"}
-model = LlamaForCausalLM(LlamaConfig.from_dict(config))  # a GGUF-loaded model cannot be saved
-model.load_state_dict(loaded.state_dict())
-with tempfile.TemporaryDirectory() as hf:
-    model.save_pretrained(hf)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(hf)
-    TransformersConverter(hf).convert(out, quantization="int8", force=True)
-"""
+# Row → its precision (which `transformers` row it is divided by), in table order.
+ROWS = {
+    "llmbench float32": "float32",
+    "llmbench bfloat16": "16-bit",
+    "llmbench int8": "8-bit",
+    "llmbench int4": "4-bit",
+    "transformers float32": "float32",
+    "transformers bfloat16": "16-bit",
+    "CTranslate2 float32": "float32",
+    "CTranslate2 int8": "8-bit",
+    "llama.cpp F32": "float32",
+    "llama.cpp F16": "16-bit",
+    "llama.cpp Q4_1": "4-bit",
+}
+LLMBENCH = {  # row → (dtype, --quantize)
+    "llmbench float32": ("float32", None),
+    "llmbench bfloat16": ("bfloat16", None),
+    "llmbench int8": ("bfloat16", "int8"),
+    "llmbench int4": ("bfloat16", "int4"),
+}
+TRANSFORMERS = {"transformers float32": "float32", "transformers bfloat16": "bfloat16"}
+CT2 = {"CTranslate2 float32": "float32", "CTranslate2 int8": "int8"}  # row → quantization
+LLAMA_CPP = {"llama.cpp F32": "F32", "llama.cpp F16": "F16", "llama.cpp Q4_1": None}
+CT2_KV_BYTES = 4  # CTranslate2 keeps K/V in float32 for float32 and int8 weights on a CPU
+LLAMA_CPP_KV_BYTES = 2  # llama.cpp's default K/V cache type is F16
 
 
-class LlmbenchRow:
-    """An engine of one configuration; `decode()` runs one generation."""
-
-    def __init__(self, quantize: str | None, tokens: int):
-        self.engine = LLMEngine(
-            EngineConfig(dtype="bfloat16", device="cpu", max_num_seqs=1, quantize=quantize)
+def select_rows(spec: str | None, has_peers: bool) -> list[str]:
+    """Rows named by comma-separated prefixes (all when None), in table order; the peers' rows
+    only with a peers interpreter (asked for without one: an error)."""
+    is_peer = {name: name in CT2 or name in LLAMA_CPP for name in ROWS}
+    if spec is None:
+        return [name for name in ROWS if has_peers or not is_peer[name]]
+    prefixes = [p.strip().lower() for p in spec.split(",") if p.strip()]
+    for prefix in prefixes:
+        if not any(name.lower().startswith(prefix) for name in ROWS):
+            raise SystemExit(f"--rows: no row starts with {prefix!r}; rows: {', '.join(ROWS)}")
+    chosen = [name for name in ROWS if any(name.lower().startswith(p) for p in prefixes)]
+    if not has_peers and any(is_peer[name] for name in chosen):
+        raise SystemExit(
+            "--rows names CTranslate2 or llama.cpp rows: give --peers-python (an interpreter "
+            "with llama-cpp-python and ctranslate2, see DEVELOPERS.md)"
         )
-        self.prompt = self.engine.tokenizer.encode_chat(PROMPT)
-        self.params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-        self.gb_per_s: list[float] = []
+    return chosen
 
-    def decode(self) -> float:
-        engine = self.engine
-        engine.step_records.clear()
-        token_ns = [out.t_ns for out in engine.stream(self.prompt, self.params)]
-        achieved = decode_bytes_per_s(
-            engine.model_config,
-            engine.step_records,
-            engine.dtype.itemsize,
-            engine.kv_cache.bytes_per_elem,
-            weight_bytes=engine.model.weight_bytes,
+
+def check_peers_python(python: str) -> None:
+    """One line and exit when `python` cannot import the peers."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import llama_cpp, ctranslate2"], capture_output=True, text=True
         )
-        self.gb_per_s.append(achieved / 1e9)
-        return decode_tok_per_s(token_ns)
+    except OSError as e:
+        raise SystemExit(f"--peers-python {python}: cannot run it ({e.strerror})") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        raise SystemExit(f"--peers-python {python}: {last} (DEVELOPERS.md: installing the peers)")
 
 
-class PeerRow:
-    """A peer engine loaded in its own process; `decode()` asks it for one generation."""
+def load_rows(names: list[str], args: argparse.Namespace, prompt_ids: list[int]) -> dict[str, Row]:
+    """Every chosen engine, loaded (peers' files converted first where needed)."""
+    gguf = model_store.pull(MODEL)
+    cache = model_store.cache_dir() / "peers"
+    job = {"tokens": args.tokens, "threads": args.threads, "prompt_ids": prompt_ids}
+    rows: dict[str, Row] = {}
+    for name in names:
+        print(f"loading {name} ...", flush=True)
+        if name in LLMBENCH:
+            rows[name] = LlmbenchRow(*LLMBENCH[name], prompt_ids, args.tokens)
+        elif name in TRANSFORMERS:
+            rows[name] = TransformersRow(gguf, TRANSFORMERS[name], prompt_ids, args.tokens)
+        elif name in CT2:
+            folder = cache / f"{MODEL}-ct2-{CT2[name]}"
+            ensure_ct2_model(args.peers_python, gguf, folder, CT2[name])
+            ct2_job = {**job, "kind": "CTranslate2", "model": str(folder)}
+            ct2_job["compute_type"] = CT2[name]
+            weight_bytes = (folder / "model.bin").stat().st_size
+            rows[name] = PeerRow(args.peers_python, ct2_job, weight_bytes, CT2_KV_BYTES)
+        else:
+            out_type = LLAMA_CPP[name]
+            path = (
+                gguf
+                if out_type is None
+                else gguf_dequantize.ensure_dequantized(gguf, out_type, cache)
+            )
+            weight_bytes = sum(t.num_bytes for t in open_weights(str(path)).tensor_infos())
+            llama_job = {**job, "kind": "llama.cpp", "model": str(path)}
+            rows[name] = PeerRow(args.peers_python, llama_job, weight_bytes, LLAMA_CPP_KV_BYTES)
+    return rows
 
-    def __init__(self, peers_python: str, job: dict, weight_bytes: int):
-        self.weight_bytes = weight_bytes
-        self.proc = subprocess.Popen(
-            [peers_python, "-c", PEER_CODE, json.dumps(job)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+
+def interleaved_rounds(rows: dict[str, Row], rounds: int) -> dict[str, list[Generation]]:
+    """`rounds` + 1 rounds, each row once per round in table order; round 0 (a warm-up) dropped."""
+    generations: dict[str, list[Generation]] = {name: [] for name in rows}
+    for round_number in range(rounds + 1):
+        for name, row in rows.items():
+            generation = row.decode()
+            if round_number:
+                generations[name].append(generation)
+    return generations
+
+
+def row_result(
+    name: str, row: Row, done: list[Generation], config: ModelConfig, prompt_len: int, tokens: int
+) -> peer_table.RowResult:
+    """A row's rates and median bytes/s (llmbench's measured, the others' estimated); a peer's
+    process is ended."""
+    rates = tuple(g.tok_per_s for g in done)
+    if isinstance(row, LlmbenchRow):
+        bytes_per_s = statistics.median(g.bytes_per_s for g in done)
+    else:
+        per_token = peer_table.estimated_bytes_per_token(
+            config, row.weight_bytes, row.kv_elem_bytes, prompt_len, tokens
         )
-        if self.proc.stdout.readline().strip() != "ready":
-            raise SystemExit(f"{job['kind']}: the peer did not start")
-
-    def decode(self) -> float:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        return float(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
-
-
-def ensure_ct2_model(peers_python: str, gguf: Path, ct2_dir: Path) -> None:
-    if (ct2_dir / "model.bin").is_file():
-        return
-    site = subprocess.run(
-        [
-            peers_python,
-            "-c",
-            "import ctranslate2, os; print(os.path.dirname(os.path.dirname(ctranslate2.__file__)))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    print(f"converting {gguf.name} for CTranslate2 (int8) into {ct2_dir} ...", file=sys.stderr)
-    subprocess.run([sys.executable, "-c", CONVERT_CODE, str(gguf), str(ct2_dir), site], check=True)
+        bytes_per_s = per_token * statistics.median(rates)
+    if isinstance(row, PeerRow):
+        row.close()
+    return peer_table.RowResult(name, ROWS[name], rates, bytes_per_s, done[-1].token_ids)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=6, help="measured rounds (+1 warm-up)")
+    parser.add_argument("--tokens", type=int, default=256, help="new tokens a generation")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (+1 warm-up)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--peers-python", default=None)
+    parser.add_argument("--rows", default=None, help="comma-separated row name prefixes")
     parser.add_argument(
-        "--ct2-dir",
-        type=Path,
-        default=Path.home() / ".cache/llmbench/peers/smollm2-135m-ct2-int8",
+        "--peers-python",
+        default=os.environ.get("LLMBENCH_LLAMA_CPP_PYTHON"),
+        help="interpreter with llama-cpp-python and ctranslate2 (default: "
+        "$LLMBENCH_LLAMA_CPP_PYTHON)",
     )
+    parser.add_argument("--roof-budget-s", type=float, default=30.0, help="bandwidth probes")
     args = parser.parse_args()
+    if args.tokens < 2 or args.rounds < 1:
+        raise SystemExit("--tokens must be >= 2 and --rounds >= 1")
+    names = select_rows(args.rows, bool(args.peers_python))
+    if any(name in CT2 or name in LLAMA_CPP for name in names):
+        check_peers_python(args.peers_python)
     torch.set_num_threads(args.threads)
     from llmbench.harness import hardware
 
-    gguf = model_store.pull("smollm2-135m")
-    rows: dict[str, LlmbenchRow | PeerRow] = {
-        f"llmbench {name}": LlmbenchRow(quantize, args.tokens)
-        for name, quantize in LLMBENCH_ROWS.items()
-    }
-    if args.peers_python:
-        ensure_ct2_model(args.peers_python, gguf, args.ct2_dir)
-        source = open_weights("smollm2-135m")
-        job = {
-            "tokens": args.tokens,
-            "threads": args.threads,
-            "prompt_ids": source.tokenizer().encode_chat(PROMPT),
-        }
-        ct2_bytes = (args.ct2_dir / "model.bin").stat().st_size
-        gguf_bytes = sum(t.num_bytes for t in source.tensor_infos())
-        ct2_job = {**job, "kind": "CTranslate2", "model": str(args.ct2_dir)}
-        rows["CTranslate2 int8"] = PeerRow(args.peers_python, ct2_job, ct2_bytes)
-        gguf_job = {**job, "kind": "llama.cpp", "model": str(gguf)}
-        rows["llama.cpp Q4_1"] = PeerRow(args.peers_python, gguf_job, gguf_bytes)
+    source = open_weights(MODEL)
+    prompt_ids = source.tokenizer().encode_chat(PROMPT)
     load_before = os.getloadavg()[0]
-    read = hardware.measure("cpu", budget_s=30, dtypes=())["read_bytes_per_s"] / 1e9
-    rates: dict[str, list[float]] = {name: [] for name in rows}
-    for round_number in range(args.rounds + 1):
-        for name, row in rows.items():
-            rate = row.decode()
-            if round_number:  # round 0 warms every engine up
-                rates[name].append(rate)
+    rows = load_rows(names, args, prompt_ids)
+    roofs = hardware.measure("cpu", budget_s=args.roof_budget_s, dtypes=())
+    read = roofs["read_bytes_per_s"]
+    started = time.perf_counter()
+    generations = interleaved_rounds(rows, args.rounds)
+    elapsed_s = time.perf_counter() - started
+    results = [
+        row_result(name, row, generations[name], source.config, len(prompt_ids), args.tokens)
+        for name, row in rows.items()
+    ]
+    probe = roofs["probes"]["read"]
     print(
-        f"read bandwidth {read:.1f} GB/s; {args.threads} threads, {args.tokens} tokens, median "
-        f"of {args.rounds} interleaved rounds; load average {load_before:.2f} before, "
-        f"{os.getloadavg()[0]:.2f} after"
+        f"\nread bandwidth {read / 1e9:.1f} GB/s (best of {probe['repeats']} read-only sums; "
+        f"median {probe['median_per_s'] / 1e9:.1f}, spread {probe['spread']:.0%}); "
+        f"{args.threads} threads, prompt {len(prompt_ids)} tokens, {args.tokens} new tokens "
+        f"greedy, median of {args.rounds} interleaved rounds ({elapsed_s:.0f} s); load average"
+        f" {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
-    print(f"{'engine':<20}{'tok/s':>8}{'(min-max)':>14}{'GB/s':>8}{'MBU':>7}")
-    for name, row in rows.items():
-        rate = statistics.median(rates[name])
-        if isinstance(row, LlmbenchRow):
-            gb_per_s = statistics.median(row.gb_per_s[1:])
-        else:
-            gb_per_s = row.weight_bytes * rate / 1e9
-            row.close()
-        spread = f"({min(rates[name]):.1f}-{max(rates[name]):.1f})"
-        print(f"{name:<20}{rate:8.1f}{spread:>14}{gb_per_s:8.2f}{gb_per_s / read:7.2f}")
+    print(
+        "same weights everywhere: the Q4_1 GGUF (Q8_0 embeddings); llama.cpp F32 = its values "
+        "dequantised, exactly what llmbench float32 runs; F16 = those rounded to float16 "
+        "(llmbench bfloat16 rounds them to bfloat16)"
+    )
+    print("\n".join(peer_table.table_lines(results, read)))
+    print("\ntargets, this sitting:")
+    print("\n".join(peer_table.target_lines(results, read)))
 
 
 if __name__ == "__main__":
