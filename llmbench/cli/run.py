@@ -20,6 +20,14 @@ from llmbench.errors import BackendFailure, UserError
     help="override a spec field, e.g. --set load.concurrency=8 (repeatable)",
 )
 @click.option(
+    "--vary",
+    multiple=True,
+    metavar="KEY.PATH=V1,V2,...",
+    help="run the workload once per value, each a run folder under OUT/variants/<value>/, and "
+    "compare them in OUT/report.html, e.g. --vary engine.quantize=none,int8,int4 (repeatable: "
+    "one variant per combination; or list `variants:` in the spec)",
+)
+@click.option(
     "--out",
     type=click.Path(path_type=Path),
     default=None,
@@ -64,6 +72,7 @@ from llmbench.errors import BackendFailure, UserError
 def run(
     workload: str,
     overrides: tuple[str, ...],
+    vary: tuple[str, ...],
     out: Path | None,
     repeat: int | None,
     strict: bool,
@@ -77,22 +86,32 @@ def run(
     stop the run with what it measured saved (exit 130, 143, 129); an engine crash too (one
     line naming the error, exit 1). A run whose measured requests all failed exits 1 with the
     most common error in one line, its results and reports written (with --strict, also one
-    that failed more than max_failed_fraction)."""
+    that failed more than max_failed_fraction).
+
+    With variants (`--vary`, or `variants:` in the spec) each configuration runs in turn into
+    OUT/variants/<name>/, a whole run folder of its own, and OUT/report.html puts them side by
+    side; a variant that fails is listed with its error, the others still run, and the run
+    exits 1."""
     from llmbench.harness import client_load, shards
     from llmbench.harness.failures import RunFailed
     from llmbench.harness.run import execute
     from llmbench.harness.run_signals import RunInterrupted
-    from llmbench.harness.spec import load_spec
+    from llmbench.harness.variants import load_variants
     from llmbench.reports.render import write_reports
 
     if repeat is not None and repeat < 1:
         raise UserError(f"--repeat {repeat}: must be >= 1")
     sets = [*overrides, *([f"repeat={repeat}"] if repeat is not None else [])]
-    spec = load_spec(_workload_path(workload), sets)
+    spec, variants = load_variants(_workload_path(workload), sets, vary)
+    if variants and shard is not None:
+        raise UserError("--shard: not with variants; shard a run of one configuration")
     own_shard = shards.from_options(shard, start_at, spec)
     if client_cpus is not None:
         client_load.pin(client_load.parse_cpu_list(client_cpus), client_cpus)
     try:
+        if variants:
+            _run_variants(spec, variants, out, strict)
+            return
         # A shard holds part of a run: the reports are the merged folder's (`llmbench merge`).
         reports = write_reports if own_shard is None else lambda _: None
         execute(spec, out, reports, is_strict=strict, shard=own_shard)
@@ -107,10 +126,27 @@ def run(
         sys.exit(1)
 
 
+def _run_variants(spec, variants, out: Path | None, strict: bool) -> None:
+    """Run every variant, then print the comparison and, as the last line of stdout, the
+    folder (also when a variant failed: `RunFailed` follows)."""
+    from llmbench.harness.run_variants import execute_variants
+    from llmbench.reports import variant_tables
+    from llmbench.reports.render import write_reports
+    from llmbench.reports.variants_page import write_variants_report
+
+    def top_report(root: Path) -> None:
+        write_variants_report(root)
+        click.echo(f"\n{variant_tables.terminal_table(variant_tables.load(root)[1])}")
+        click.echo(root)
+
+    execute_variants(spec, variants, out, write_reports, top_report, is_strict=strict)
+
+
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 def report(run_dir: Path) -> None:
-    """Render report.html and report.md of RUN_DIR (a run or sweep folder) from its files alone.
+    """Render report.html and report.md of RUN_DIR (a run, sweep or variants folder) from its
+    files alone.
 
     Needs no torch: a report can be rebuilt on any machine that has the folder. A run that was
     killed before it wrote results.json gets it rebuilt from its record files first."""
@@ -143,11 +179,12 @@ def export(run_dir: Path, fmt: str, out: Path | None) -> None:
 
 
 def _rebuild_missing_results(folder: Path) -> None:
-    """results.json of a killed run (and of each killed point of a sweep), rebuilt from its
-    record files, with one line on stderr saying so."""
+    """results.json of a killed run (and of each killed point of a sweep, each killed variant),
+    rebuilt from its record files, with one line on stderr saying so."""
     from llmbench.harness.run_summary import can_rebuild, rebuild
 
-    for run_folder in (folder, *sorted(folder.glob("point-*"))):
+    points = sorted(folder.glob("point-*"))
+    for run_folder in (folder, *points, *sorted(folder.glob("variants/*"))):
         if can_rebuild(run_folder):
             result = rebuild(run_folder)
             click.echo(

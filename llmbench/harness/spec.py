@@ -323,6 +323,16 @@ class RunSpec:
 
 def load_spec(path: Path, overrides: list[str] = ()) -> RunSpec:
     """Read a workload YAML, apply `key.path=value` overrides, and check everything."""
+    data, lines = read_spec_data(path, overrides)
+    try:
+        return build_spec(data)
+    except SpecError as e:
+        raise located(e, str(path), lines) from None
+
+
+def read_spec_data(path: Path, overrides: list[str] = ()) -> tuple[dict[str, Any], dict[str, int]]:
+    """A workload YAML as plain data with the `key.path=value` overrides set (not yet checked),
+    and the line of every key path in it (0: set by an override)."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -332,16 +342,37 @@ def load_spec(path: Path, overrides: list[str] = ()) -> RunSpec:
     if not isinstance(data, dict):
         raise UserError(f"{path}: the top level must be a mapping of keys")
     for override in overrides:
-        key, sep, raw = override.partition("=")
-        if not sep or not key:
-            raise UserError(f"--set {override}: expected key.path=value")
-        _set_path(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
-        lines[key.strip()] = 0
+        key, raw = split_override(override, "--set")
+        try:
+            set_path(data, key, override_value(raw, f"--set {override}"))
+        except SpecError as e:
+            raise UserError(f"--set {e.path}: {e.reason}") from None
+        lines[key] = 0
+    return data, lines
+
+
+def split_override(text: str, option: str, form: str = "key.path=value") -> tuple[str, str]:
+    """`key.path=value` as typed after `option` (`--set`, `--vary`): the key and the raw value."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"{option} {text}: expected {form}")
+    return key.strip(), raw
+
+
+def override_value(raw: str, where: str) -> Any:
+    """An override's value read as YAML (`8`, `true`, `int4:64`, `{k: int8, v: int4}`); nothing:
+    null. Malformed YAML is one line naming `where`."""
     try:
-        spec = _build(RunSpec, data, "")
-        _check(spec)
-    except SpecError as e:
-        raise located(e, str(path), lines) from None
+        return yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise UserError(f"{where}: not a YAML value ({getattr(e, 'problem', e)})") from None
+
+
+def build_spec(data: dict[str, Any]) -> RunSpec:
+    """Spec data (a YAML read, overrides set) as a checked `RunSpec`; a problem is a
+    `SpecError` naming its key path."""
+    spec = _build(RunSpec, data, "")
+    _check(spec)
     return spec
 
 
@@ -356,13 +387,15 @@ def spec_from_dict(data: dict[str, Any], where: str) -> RunSpec:
     return spec
 
 
-def _set_path(data: dict, key: str, value: Any) -> None:
+def set_path(data: dict, key: str, value: Any) -> None:
+    """Set dotted `key` in spec data, making the sections on the way; a `SpecError` at `key`
+    when a part of the path holds a value, not a section."""
     parts = key.split(".")
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise UserError(f"--set {key}: '{part}' is not a section")
+            raise SpecError(key, f"'{part}' is not a section")
         node = child
     node[parts[-1]] = value
 

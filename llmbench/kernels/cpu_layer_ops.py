@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from llmbench.kernels import decode_attention
 from llmbench.kernels.checks import (
     FLOAT_DTYPES,
     check_paged_cache,
@@ -26,6 +25,9 @@ from llmbench.kernels.checks import (
 from llmbench.kernels.cpu_gemv import CpuGemv
 
 CPU = torch.device("cpu")
+# The extension's op names. Not imported from the Triton kernel modules: importing one imports
+# Triton, which this CPU path must not need (nor pay for).
+DECODE_ATTENTION_OP = "paged_decode_attention"
 
 
 def rms_norm(backend: CpuGemv, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -78,9 +80,9 @@ def paged_decode_attention(
     max_context_len: int,
 ) -> torch.Tensor:
     """q [B, nh, d] over the paged caches → [B, nh, d]: the Triton kernel's arguments
-    (`decode_attention.paged_decode_attention`), block_tables [B, max_blocks] and
+    (`kernels.decode_attention.paged_decode_attention`), block_tables [B, max_blocks] and
     context_lens [B] int32."""
-    op = "cpu " + decode_attention.OP
+    op = "cpu " + DECODE_ATTENTION_OP
     check_tensor(op, "q", q, "[B, nh, d]", FLOAT_DTYPES, 1, CPU)
     check_paged_cache(op, q, key_cache, value_cache)
     batch = q.shape[0]
@@ -95,7 +97,7 @@ def paged_decode_attention(
         f"max_context_len {max_context_len} must be in 1..max_blocks·block_size = "
         f"{block_tables.shape[1] * block_size}",
     )
-    return backend.op(decode_attention.OP)(
+    return backend.op(DECODE_ATTENTION_OP)(
         q, key_cache, value_cache, block_tables, context_lens, block_size, scale, max_context_len
     )
 
@@ -111,4 +113,4 @@ class CpuLayerOps:
 
     @classmethod
     def of(cls, backend: CpuGemv) -> CpuLayerOps:
-        return cls(backend.op("rms_norm"), backend.op("rope_"), backend.op(decode_attention.OP))
+        return cls(backend.op("rms_norm"), backend.op("rope_"), backend.op(DECODE_ATTENTION_OP))

@@ -78,6 +78,7 @@ def render(run: RunData) -> Page:
         server_client_header=tables.SERVER_CLIENT_HEADER,
         server_client_rows=tables.server_client_rows(run),
         server_client=split,
+        speculative=tables.speculative_rows(run),
         slo_header=tables.SLO_HEADER,
         slo_rows=tables.slo_rows(run),
         timeline=timeline,

@@ -8,7 +8,7 @@ from llmbench.reports import tables
 from llmbench.reports.rundata import RunData
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
@@ -24,35 +24,38 @@ def render(run: RunData) -> str:
     lines += [f"> **warning:** {w}" for w in warnings]
     if warnings:
         lines.append("")
-    lines += _table(("", ""), tables.headline(run))
+    lines += markdown_table(("", ""), tables.headline(run))
     repetitions = tables.repetition_rows(run)
     if repetitions:
         lines += ["## Repetitions", "", tables.REPETITION_NOTE, ""]
-        lines += _table(tables.REPETITION_HEADER, repetitions)
+        lines += markdown_table(tables.REPETITION_HEADER, repetitions)
     lines += ["## Latency (ms)", ""]
-    lines += _table(("metric", *tables.QUANTILES, "count"), tables.latency_rows(run))
+    lines += markdown_table(("metric", *tables.QUANTILES, "count"), tables.latency_rows(run))
     split = tables.server_client_rows(run)
     if split:
         lines += ["## Server vs client", "", tables.SERVER_CLIENT_NOTE, ""]
-        lines += _table(tables.SERVER_CLIENT_HEADER, split)
+        lines += markdown_table(tables.SERVER_CLIENT_HEADER, split)
     phases = tables.phase_rows(run)
     if phases:
         lines += ["## Roofline", ""]
         lines += [f"- {label}: {value}" for label, value in tables.roofs(run)] + [""]
-        lines += _table(tables.PHASE_HEADER, phases)
+        lines += markdown_table(tables.PHASE_HEADER, phases)
     experts = tables.expert_rows(run)
     if experts:
-        lines += ["## Mixture of experts", ""] + _table(("", ""), experts)
+        lines += ["## Mixture of experts", ""] + markdown_table(("", ""), experts)
+    speculative = tables.speculative_rows(run)
+    if speculative:
+        lines += ["## Speculative decoding", ""] + markdown_table(("", ""), speculative)
     slo = tables.slo_rows(run)
     if slo:
-        lines += ["## SLOs", ""] + _table(tables.SLO_HEADER, slo)
+        lines += ["## SLOs", ""] + markdown_table(tables.SLO_HEADER, slo)
     sessions = tables.session_rows(run)
     if sessions:
-        lines += ["## Sessions", ""] + _table(("", ""), sessions)
-    lines += ["## Provenance", ""] + _table(("", ""), tables.provenance_rows(run))
+        lines += ["## Sessions", ""] + markdown_table(("", ""), sessions)
+    lines += ["## Provenance", ""] + markdown_table(("", ""), tables.provenance_rows(run))
     return "\n".join(lines)
 
 
 def render_sweep(name: str, points: list[RunData]) -> str:
     rows = tables.sweep_rows(points)
-    return "\n".join([f"# llmbench sweep: {name}", "", *_table(tables.SWEEP_HEADER, rows)])
+    return "\n".join([f"# llmbench sweep: {name}", "", *markdown_table(tables.SWEEP_HEADER, rows)])

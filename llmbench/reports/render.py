@@ -1,16 +1,24 @@
-"""Write `report.html` (+ `figures/*.png`) and `report.md` into a run or sweep folder from its
-files."""
+"""Write `report.html` (+ `figures/*.png`) and `report.md` into a run, sweep or variants folder
+from its files."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from llmbench.errors import UserError
-from llmbench.reports import html_report, markdown_report, rundata
+from llmbench.harness import variant_index
+from llmbench.reports import html_report, markdown_report, rundata, variants_page
 
 
 def write_reports(folder: Path) -> tuple[Path, Path]:
-    """Render both reports of `folder`; a sweep folder gets the sweep's and every point's."""
+    """Render both reports of `folder`; a sweep folder gets the sweep's and every point's, a
+    variants folder (`variants.json`) the side-by-side page and every variant's own."""
+    if variant_index.is_variants_folder(folder):
+        for entry in variant_index.read_index(folder).variants:
+            sub = folder / entry.folder
+            if (sub / "results.json").is_file():  # a variant that failed early has none
+                write_reports(sub)
+        return variants_page.write_variants_report(folder)
     if (folder / "results.json").is_file():
         run = rundata.load(folder)
         page, markdown = html_report.render(run), markdown_report.render(run)

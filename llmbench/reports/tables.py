@@ -376,6 +376,49 @@ def sweep_rows(points: list[RunData]) -> list[list[str]]:
     ]
 
 
+def speculative_rows(run: RunData) -> list[tuple[str, str]]:
+    """Speculative decoding over the run (`summary.speculative`): how it drafted, the drafts
+    accepted, tokens per verify, and the time split between drafting and verifying; [] when
+    no step drafted."""
+    block = run.summary.get("speculative")
+    if not block:
+        return []
+    spec = ((run.results.get("spec") or {}).get("engine") or {}).get("speculative") or {}
+    method = spec.get("method", "?")
+    if method == "ngram":
+        method += f" (n {spec.get('ngram_max')} down to {spec.get('ngram_min')})"
+    elif method == "draft":
+        method += f" ({spec.get('draft_model')})"
+    rows = [
+        ("method", f"{method}, k={spec.get('num_tokens', '?')} draft tokens a step"),
+        (
+            "draft tokens accepted",
+            f"{block['num_accepted_tokens']:,} of {block['num_proposed_tokens']:,} "
+            f"({percent(block.get('acceptance_rate'))})",
+        ),
+        (
+            "per verify",
+            f"{ratio(block.get('mean_accepted_per_verify'))} drafts accepted, "
+            f"{ratio(block.get('mean_tokens_per_verify'))} tokens made "
+            f"({block['num_verifies']:,} verifies)",
+        ),
+        (
+            "time",
+            f"drafting {num(block.get('draft_s'), 2)} s, verifying {num(block.get('verify_s'), 2)}"
+            f" s; drafting {percent(block.get('draft_fraction'))} of the step time",
+        ),
+    ]
+    if block.get("draft_flops") or block.get("draft_bytes"):
+        rows.append(
+            (
+                "draft model cost",
+                f"{si(block.get('draft_flops') or 0.0, 'FLOP')}, "
+                f"{si(block.get('draft_bytes') or 0.0, 'B')} moved",
+            )
+        )
+    return rows
+
+
 def expert_rows(run: RunData) -> list[tuple[str, str]]:
     """A mixture of experts' routing in numbers: its shape, the tokens routed per phase, the
     summary's MoE keys; [] for a dense model."""

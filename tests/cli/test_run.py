@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.helpers import assert_user_error
 from tests.harness.test_run import SMALL, TINY, llmbench
 
 # A long run: 40 agentic sessions one at a time, 0.2 s of tool time between turns.
@@ -375,3 +376,99 @@ def test_the_same_seeded_run_twice_on_one_server_warns_of_its_warm_prefix_cache(
     (line,) = [w for w in second["summary"]["warnings"] if w.startswith(warm)]
     assert f"3 of 3 first turns had more cached than the {shared} tokens" in line
     assert f"WARNING: {line}" in runs[1].stdout
+
+
+VARIANTS_SPEC = """name: tiny-variants
+model: synthetic:tiny
+dtype: float32
+warmup_requests: 1
+workload:
+  kind: rag
+  sessions: 3
+  system_prompt_tokens: 8
+  num_documents: 4
+  docs_per_query: 2
+  document_tokens: 24
+  user_tokens: 8
+  output_tokens: 12
+load: {kind: concurrency, concurrency: 2}
+variants:
+  - name: int8
+    set: {engine.quantize: int8}
+  - name: ngram
+    set: {engine.speculative.method: ngram}
+  - name: broken
+    set: {model: "synthetic:nosuch"}
+"""
+
+
+@pytest.fixture(scope="module")
+def variants_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One `llmbench run` of three variants: int8 weights, n-gram speculation, and one whose
+    model does not load."""
+    folder = tmp_path_factory.mktemp("variants")
+    spec = folder / "spec.yaml"
+    spec.write_text(VARIANTS_SPEC)
+    out = folder / "out"
+    return out, llmbench("run", str(spec), "--out", str(out))
+
+
+def test_variants_each_get_a_whole_run_folder_and_a_failure_keeps_the_others(variants_run):
+    out, result = variants_run
+    # The failed variant makes the run exit 1, with its one-line error last, no traceback.
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert error.startswith("error: variant broken: synthetic:nosuch: unknown preset")
+    assert result.stdout.splitlines()[-1] == str(out)
+    index = json.loads((out / "variants.json").read_text())
+    assert [(v["name"], v["status"], v["folder"]) for v in index["variants"]] == [
+        ("int8", "done", "variants/int8"),
+        ("ngram", "done", "variants/ngram"),
+        ("broken", "failed", "variants/broken"),
+    ]
+    assert index["variants"][0]["set"] == {"engine.quantize": "int8"}
+    for name in ("int8", "ngram"):
+        files = {p.name for p in (out / "variants" / name).iterdir()}
+        assert {"results.json", "requests.jsonl", "steps.jsonl", "report.html"} <= files
+    int8, ngram = (
+        json.loads((out / "variants" / name / "results.json").read_text())
+        for name in ("int8", "ngram")
+    )
+    # Each variant's results carry its own configuration, as its engine loaded it.
+    quantize = [run["spec"]["engine"]["quantize"] for run in (int8, ngram)]
+    assert quantize == ["int8", None]
+    assert (int8["provenance"]["quantize"], ngram["provenance"]["quantize"]) == ("int8", None)
+    # float32 weights: 4 bytes each; int8: 1 byte each plus a float scale per output channel.
+    assert ngram["roofline"]["weight_bytes_per_param"] == 4.0
+    assert 1.0 < int8["roofline"]["weight_bytes_per_param"] < 1.1
+    assert int8["summary"]["speculative"] is None
+    assert ngram["summary"]["speculative"]["num_proposed_tokens"] > 0
+    assert list((out / "variants" / "broken").iterdir()) == []
+
+
+def test_variants_top_report_has_a_row_per_variant(variants_run):
+    out, result = variants_run
+    html = (out / "report.html").read_text()
+    for name in ("int8", "ngram"):
+        assert f'<td><a href="variants/{name}/report.html">{name}</a></td>' in html
+    assert "<td>broken</td><td>failed</td>" in html
+    assert "<h2>Speculative decoding</h2>" in html
+    # The terminal table: one row per variant, before the folder.
+    table = result.stdout.splitlines()[-5:-1]
+    assert table[0].split()[:3] == ["variant", "output", "tok/s"]
+    assert [line.split()[0] for line in table[1:]] == ["int8", "ngram", "broken"]
+    # `llmbench report` on the folder renders the top page again (and each variant's).
+    (out / "report.html").unlink()
+    again = llmbench("report", str(out))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [str(out / "report.html"), str(out / "report.md")]
+    assert (out / "report.html").read_text().count("<h2>") == html.count("<h2>")
+
+
+def test_vary_and_listed_variants_together_is_a_user_error(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(VARIANTS_SPEC)
+    result = llmbench("run", str(spec), "--vary", "seed=1,2", "--out", str(tmp_path / "out"))
+    assert_user_error(result, "--vary:", "lists variants already; use one or the other")
+    assert not (tmp_path / "out").exists()

@@ -128,3 +128,25 @@ def test_a_run_whose_requests_all_failed_has_a_banner_first():
     assert banner in html
     assert html.index(banner) < html.index('<div class="cards">')
     assert html.count("HTTP 400: (empty body)") == 1  # the banner, not a warning line again
+
+
+def test_a_speculating_run_gets_its_speculative_table():
+    run = _run("spec", [])
+    assert "Speculative decoding" not in html_report.render(run).html
+    block = {
+        "num_proposed_tokens": 40,
+        "num_accepted_tokens": 10,
+        "acceptance_rate": 0.25,
+        "num_verifies": 10,
+        "mean_accepted_per_verify": 1.0,
+        "mean_tokens_per_verify": 2.0,
+        "draft_s": 0.01,
+        "verify_s": 0.2,
+        "draft_fraction": 0.05,
+        "draft_flops": 0.0,
+        "draft_bytes": 0.0,
+    }
+    results = {**run.results, "summary": {**run.summary, "speculative": block}}
+    html = html_report.render(dataclasses.replace(run, results=results)).html
+    assert "<h2>Speculative decoding</h2>" in html
+    assert "<tr><th>draft tokens accepted</th><td>10 of 40 (25.0%)</td></tr>" in html

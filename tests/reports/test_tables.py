@@ -168,3 +168,41 @@ def test_the_model_row_never_names_a_dtype_a_server_did_not_say():
     assert dict(tables.provenance_rows(_results_run(server)))["model"] == "m (weights ?)"
     server["roofline"]["weights"] = "q4_1"
     assert dict(tables.provenance_rows(_results_run(server)))["model"] == "m (weights q4_1)"
+
+
+def test_speculative_rows_by_hand():
+    block = {
+        "num_proposed_tokens": 1200,
+        "num_accepted_tokens": 900,
+        "acceptance_rate": 0.75,
+        "num_verifies": 300,
+        "mean_accepted_per_verify": 3.0,
+        "mean_tokens_per_verify": 4.0,
+        "draft_s": 0.5,
+        "verify_s": 2.25,
+        "draft_fraction": 0.125,
+        "draft_flops": 2.5e12,
+        "draft_bytes": 4.0e9,
+    }
+    speculative = {"method": "draft", "num_tokens": 4, "draft_model": "self:layers=8"}
+    results = {
+        "summary": {"speculative": block},
+        "spec": {"engine": {"speculative": speculative}},
+    }
+    assert tables.speculative_rows(_results_run(results)) == [
+        ("method", "draft (self:layers=8), k=4 draft tokens a step"),
+        ("draft tokens accepted", "900 of 1,200 (75.0%)"),
+        ("per verify", "3.00 drafts accepted, 4.00 tokens made (300 verifies)"),
+        ("time", "drafting 0.50 s, verifying 2.25 s; drafting 12.5% of the step time"),
+        ("draft model cost", "2.5TFLOP, 4GB moved"),
+    ]
+    ngram = {"method": "ngram", "num_tokens": 3, "ngram_min": 2, "ngram_max": 4}
+    results = {
+        "summary": {"speculative": {**block, "draft_flops": 0.0, "draft_bytes": 0.0}},
+        "spec": {"engine": {"speculative": ngram}},
+    }
+    rows = tables.speculative_rows(_results_run(results))
+    assert rows[0] == ("method", "ngram (n 4 down to 2), k=3 draft tokens a step")
+    assert len(rows) == 4  # no draft model: no draft cost row
+    # Speculation off: `summary.speculative` is null, and no section.
+    assert tables.speculative_rows(_results_run({"summary": {"speculative": None}})) == []

@@ -1,0 +1,50 @@
+"""The top report of a variants folder: every variant's row linking to its own report, the
+failed one with its error, the same in report.md; `write_reports` re-renders them all; the page
+opens in headless Chromium without an error or an outside request."""
+
+from __future__ import annotations
+
+from llmbench.reports import render, variants_page
+from tests.reports.browser import open_in_chromium
+from tests.reports.variant_folders import write_variants
+
+
+def test_page_and_markdown_put_the_variants_side_by_side(tmp_path):
+    page, markdown = variants_page.render(write_variants(tmp_path))
+    html = page.html
+    assert "<title>llmbench variants: synthetic</title>" in html
+    assert '<td><a href="variants/fast/report.html">fast</a></td>' in html
+    assert '<td><a href="variants/slow/report.html">slow</a></td>' in html
+    assert "<h2>Against fast</h2>" in html
+    assert "<h2>Quality</h2>" in html and "<h2>Speculative decoding</h2>" in html
+    assert "3 variants: 1 failed; the others are compared below." in html
+    assert "<td>broken</td><td>failed</td><td>model=nope</td><td>nope: no such model</td>" in html
+    assert [p.key for p in page.plots] == [
+        "variants-speed",
+        "variants-ttft-cdf",
+        "variants-tpot-cdf",
+        "variants-speed-quality",
+    ]
+    lines = markdown.splitlines()
+    assert lines[0] == "# llmbench variants: synthetic"
+    assert "| broken | failed | model=nope | nope: no such model |" in lines
+    assert [line for line in lines if line.startswith("## ")] == [
+        "## Speed",
+        "## Against fast",
+        "## Configuration and memory",
+        "## Quality",
+        "## Speculative decoding",
+    ]
+
+
+def test_write_reports_renders_the_top_page_and_each_variants_own(tmp_path):
+    folder = write_variants(tmp_path)
+    html_path, md_path = render.write_reports(folder)
+    assert (html_path, md_path) == (folder / "report.html", folder / "report.md")
+    assert (folder / "figures" / "variants-speed.png").is_file()
+    for name in ("fast", "slow"):
+        assert (folder / "variants" / name / "report.html").is_file()
+    assert list((folder / "variants" / "broken").iterdir()) == []  # nothing to render there
+    report = open_in_chromium(html_path, "figure svg", tmp_path / "shot.png")
+    assert report.console_errors == [] and report.requests == []
+    assert len(report.element_sizes) == 4 and all(w > 0 for _, w, _ in report.element_sizes)
