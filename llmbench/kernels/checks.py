@@ -75,6 +75,23 @@ def check_same_dtype(op: str, name: str, t: torch.Tensor, other: str, dtype: tor
         )
 
 
+def check_bias_and_residual(
+    op: str,
+    x: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+) -> None:
+    """A matmul's optional adds to y [M, N] = x [M, K] @ W^T: bias [N] and residual [M, N], on
+    x's device, in x's dtype, the last dim contiguous."""
+    if bias is not None:
+        check_tensor(op, "bias", bias, "[N]", (x.dtype,), device=x.device)
+        check_shape(op, "bias", bias, (out_features,), "[N]")
+    if residual is not None:
+        check_tensor(op, "residual", residual, "[M, N]", (x.dtype,), device=x.device)
+        check_shape(op, "residual", residual, (x.shape[0], out_features), "[M, N]")
+
+
 def check_value(op: str, condition: bool, message: str) -> None:
     """A condition on sizes or scalars: `message` says what is wrong and what to pass."""
     if not condition:

@@ -36,7 +36,12 @@ from pathlib import Path
 
 import torch
 
-from llmbench.kernels.checks import check_same_dtype, check_shape, check_tensor
+from llmbench.kernels.checks import (
+    check_bias_and_residual,
+    check_same_dtype,
+    check_shape,
+    check_tensor,
+)
 from llmbench.kernels.cost import KernelCost, dtype_bytes
 from llmbench.kernels.errors import KernelDispatchError
 
@@ -291,12 +296,7 @@ def check_gemv_args(
     check_same_dtype(OP, "x", x, "weight", weight.dtype)
     num_rows, out_features = x.shape[0], weight.shape[0]
     check_shape(OP, "x", x, (num_rows, weight.shape[1]), "[M, K]")
-    if bias is not None:
-        check_tensor(OP, "bias", bias, "[N]", (x.dtype,), device=cpu)
-        check_shape(OP, "bias", bias, (out_features,), "[N]")
-    if residual is not None:
-        check_tensor(OP, "residual", residual, "[M, N]", (x.dtype,), device=cpu)
-        check_shape(OP, "residual", residual, (num_rows, out_features), "[M, N]")
+    check_bias_and_residual(OP, x, out_features, bias, residual)
 
 
 def gemv(

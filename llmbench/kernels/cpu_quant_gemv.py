@@ -26,7 +26,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from llmbench.kernels.checks import FLOAT_DTYPES, check_shape, check_tensor, check_value
+from llmbench.kernels.checks import (
+    FLOAT_DTYPES,
+    check_bias_and_residual,
+    check_shape,
+    check_tensor,
+    check_value,
+)
 from llmbench.kernels.cost import KernelCost, dtype_bytes
 from llmbench.kernels.cpu_gemv import CpuGemv
 
@@ -72,24 +78,36 @@ def pack_int8(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, t
     return q.permute(0, 2, 3, 1, 4).contiguous(), scale
 
 
+def unpack_int4_blocks(
+    packed: torch.Tensor, scale_zero: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The int4 layout as rows: (codes q [N_pad, G, 32] uint8, scale s and zero z [N_pad, G]
+    float16)."""
+    q = torch.stack((packed & 15, packed >> 4), dim=3)  # [N/4, G, 4, 2, 16]
+    q = q.permute(0, 2, 1, 3, 4).reshape(-1, packed.shape[1], GROUP)
+    s, z = (scale_zero[:, :, i].permute(0, 2, 1).reshape(q.shape[:2]) for i in (0, 1))
+    return q, s, z
+
+
+def unpack_int8_blocks(codes: torch.Tensor) -> torch.Tensor:
+    """The int8 layout as rows: codes [N_pad, G, 32] int8."""
+    return codes.permute(0, 3, 1, 2, 4).reshape(-1, codes.shape[1], GROUP)
+
+
 def dequantize_int4_blocks(
     packed: torch.Tensor, scale_zero: torch.Tensor, out_features: int, in_features: int
 ) -> torch.Tensor:
     """The int4 layout back to W [N, K] in float32: s·(q − 8) + z per group."""
-    blocks, groups = packed.shape[:2]
-    q = torch.stack((packed & 15, packed >> 4), dim=3)  # [N/4, G, 4, 2, 16]
-    q = q.permute(0, 2, 1, 3, 4).reshape(blocks * ROW_BLOCK, groups, GROUP).float()
-    s, z = (scale_zero[:, :, i].permute(0, 2, 1).reshape(-1, groups, 1).float() for i in (0, 1))
-    w = (q - INT4_OFFSET) * s + z  # [N_pad, G, 32]
-    return w.view(blocks * ROW_BLOCK, -1)[:out_features, :in_features]
+    q, s, z = unpack_int4_blocks(packed, scale_zero)
+    w = (q.float() - INT4_OFFSET) * s.float()[..., None] + z.float()[..., None]  # [N_pad, G, 32]
+    return w.view(q.shape[0], -1)[:out_features, :in_features]
 
 
 def dequantize_int8_blocks(
     codes: torch.Tensor, scale: torch.Tensor, out_features: int, in_features: int
 ) -> torch.Tensor:
     """The int8 layout back to W [N, K] in float32: s·q per row."""
-    blocks, groups = codes.shape[:2]
-    q = codes.permute(0, 3, 1, 2, 4).reshape(blocks * ROW_BLOCK, groups * GROUP).float()
+    q = unpack_int8_blocks(codes).flatten(1).float()
     return (q * scale[:, None])[:out_features, :in_features]
 
 
@@ -118,18 +136,12 @@ def quant_gemv_reference(
     """The kernel's result computed exactly (float64 from the same integer sums), rounded once
     to x's dtype: int4 Σ_g [s·sx·Σ q·xq + (z − 8s)·Σx], int8 s·Σ_g sx·Σ q·xq."""
     xq, sx, xsum = quantize_activations(x)  # [M, G, 32], [M, G], [M, G]
-    num_in = xq.shape[1] * GROUP
     if scale_zero is not None:
-        s, z = (
-            scale_zero[:, :, i].permute(0, 2, 1).reshape(-1, xq.shape[1]).double() for i in (0, 1)
-        )  # [N_pad, G]
-        q = torch.stack((codes & 15, codes >> 4), dim=3).permute(0, 2, 1, 3, 4)
-        q = q.reshape(-1, xq.shape[1], GROUP).double()  # [N_pad, G, 32]
+        q, s, z = (t.double() for t in unpack_int4_blocks(codes, scale_zero))  # [N_pad, G(, 32)]
         dots = torch.einsum("mgk,ngk->mng", xq, q)  # exact integers
         y = (dots * s[None] * sx[:, None]).sum(-1) + ((z - 8 * s)[None] * xsum[:, None]).sum(-1)
     else:
-        q = codes.permute(0, 3, 1, 2, 4).reshape(-1, num_in // GROUP, GROUP).double()
-        dots = torch.einsum("mgk,ngk->mng", xq, q)
+        dots = torch.einsum("mgk,ngk->mng", xq, unpack_int8_blocks(codes).double())
         y = (dots * sx[:, None]).sum(-1) * scale.double()[None]
     y = y[:, :out_features]
     if bias is not None:
@@ -165,12 +177,7 @@ def check_quant_gemv_args(
         0 < out_features <= blocks * ROW_BLOCK and x.shape[1] <= groups * GROUP,
         f"codes {tuple(codes.shape)} do not cover [out_features {out_features}, K {x.shape[1]}]",
     )
-    if bias is not None:
-        check_tensor(OP, "bias", bias, "[N]", (x.dtype,), device=CPU)
-        check_shape(OP, "bias", bias, (out_features,), "[N]")
-    if residual is not None:
-        check_tensor(OP, "residual", residual, "[M, N]", (x.dtype,), device=CPU)
-        check_shape(OP, "residual", residual, (x.shape[0], out_features), "[M, N]")
+    check_bias_and_residual(OP, x, out_features, bias, residual)
 
 
 def quant_gemv(

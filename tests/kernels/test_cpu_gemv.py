@@ -25,13 +25,6 @@ AVX512_BF16_FLAGS = frozenset(
 )
 
 
-@pytest.fixture(scope="module")
-def backend() -> cpu_gemv.CpuGemv:
-    result = cpu_gemv.default()
-    assert result.is_extension, result.reason
-    return result
-
-
 def _random(shape, dtype, seed):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 

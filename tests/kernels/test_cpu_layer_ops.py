@@ -10,20 +10,13 @@ import sys
 import pytest
 import torch
 
-from llmbench.kernels import cpu_gemv, cpu_layer_ops
+from llmbench.kernels import cpu_layer_ops
 from llmbench.kernels.decode_attention import paged_decode_attention_reference
 from llmbench.kernels.errors import KernelArgumentError
 from llmbench.kernels.rms_norm import rms_norm_reference
 from llmbench.kernels.rope import rope_reference_
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-@pytest.fixture(scope="module")
-def backend() -> cpu_gemv.CpuGemv:
-    result = cpu_gemv.default()
-    assert result.is_extension, result.reason
-    return result
 
 
 def _random(shape, dtype, seed):
