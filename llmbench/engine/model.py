@@ -40,8 +40,9 @@ from llmbench.kernels import cpu_gemv
 from llmbench.kernels.cpu_layer_ops import CpuLayerOps
 from llmbench.kernels.errors import KernelDispatchError
 
-# The per-layer ops a CPU model runs through the C++ extension when it is in use.
-CPU_EXTENSION_OPS = ("rms_norm", "rope", "paged_decode_attention")
+# What a CPU model runs through the C++ extension when it is in use (matmuls: up to
+# `cpu_gemv.max_rows` rows, quantised ones through `cpu_quant_gemv` where the CPU has VNNI).
+CPU_EXTENSION_OPS = ("matmuls", "rms_norm", "rope", "paged_decode_attention")
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,6 @@ class LlamaModel:
             ops = CPU_EXTENSION_OPS if backend.is_extension else ()
             if backend.is_extension:
                 self.cpu_ops = CpuLayerOps.of(backend)
-                if self.dtype in cpu_gemv.WEIGHT_DTYPES:
-                    ops = ("matmuls", *ops)
             dispatch = dataclasses.replace(
                 dispatch, cpu_extension=backend.describe(), cpu_extension_ops=ops
             )
