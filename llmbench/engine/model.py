@@ -42,7 +42,7 @@ from llmbench.kernels.errors import KernelDispatchError
 
 # What a CPU model runs through the C++ extension when it is in use (matmuls: up to
 # `cpu_gemv.max_rows` rows, quantised ones through `cpu_quant_gemv` where the CPU has VNNI).
-CPU_EXTENSION_OPS = ("matmuls", "rms_norm", "rope", "paged_decode_attention")
+CPU_EXTENSION_OPS = ("matmuls", "rms_norm", "rope", "paged_decode_attention", "decode_layer")
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,17 @@ def cpu_matmul() -> cpu_gemv.CpuGemv:
         return cpu_gemv.default()
     except KernelDispatchError as e:
         raise UserError(str(e)) from None
+
+
+def _fused_rows(layer: _Layer) -> int:
+    """The most rows the fused decode layer takes for `layer`: a dense layer (no MoE, no q/k
+    norm) whose four matmuls run the extension's `gemv` on [out, in] weights; else 0."""
+    matmuls = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    if layer.moe is not None or layer.q_norm is not None:
+        return 0
+    if not all(isinstance(m, Linear) and m.fast_op is not None for m in matmuls):
+        return 0
+    return min(m.max_fast_rows for m in matmuls)
 
 
 def make_linear(
@@ -254,6 +265,10 @@ class LlamaModel:
                 dispatch, cpu_extension=backend.describe(), cpu_extension_ops=ops
             )
         self.kernels = kernel_ops.TritonOps(dispatch) if dispatch.uses_triton else None
+        # Per layer: up to how many rows `CpuLayerOps.decode_layer` runs it (0: never), while
+        # `fuse_decode_layers` (off: every layer op by op, as `llmbench profile` needs them).
+        self._fused_rows = [_fused_rows(layer) if self.cpu_ops else 0 for layer in self.layers]
+        self.fuse_decode_layers = True
         self.kernels_description = kernel_ops.describe(dispatch)  # for the run's provenance
         # What each MoE layer routed in the latest forward, in layer order (empty when dense).
         self.last_routing: list[Routing] = []
@@ -337,9 +352,29 @@ class LlamaModel:
         decode_op = cpu.paged_decode_attention if cpu else None
         qk_size = cfg.q_size + cfg.kv_size
         self.last_routing = []
+        # A step of one-token sequences on the C++ extension: each dense layer in one call.
+        is_fused = cpu and self.fuse_decode_layers
+        fused = self._fused_decode_args(batch, kv_cache) if is_fused else None
         with _gemv_backend(self.device, self.dtype, num_tokens):
             x = F.embedding(input_ids, self.embed_tokens)  # [T, h]
             for i, layer in enumerate(self.layers):
+                if fused is not None and num_tokens <= self._fused_rows[i]:
+                    x = cpu.decode_layer(
+                        x,
+                        layer.input_norm,
+                        layer.qkv_proj.weight,
+                        layer.qkv_proj.bias,
+                        layer.o_proj.weight,
+                        layer.post_attention_norm,
+                        layer.gate_up_proj.weight,
+                        layer.down_proj.weight,
+                        cfg.rms_norm_eps,
+                        positions,
+                        cos_sin,
+                        kv_cache.layer(i),
+                        *fused,
+                    )
+                    continue
                 # Attention block.
                 h = norm(x, layer.input_norm, cfg.rms_norm_eps)
                 qkv = layer.qkv_proj(h)  # [T, (nh + 2*nkv) * d]
@@ -376,6 +411,20 @@ class LlamaModel:
                         )
                     x = layer.down_proj(act, residual=x)
         return x
+
+    def _fused_decode_args(self, batch: AttentionBatch, kv_cache: KVCache) -> tuple | None:
+        """The step arguments of `CpuLayerOps.decode_layer` after the layer's own, when the
+        step is all one-token sequences over a K/V cache in the model's dtype; else None."""
+        d, cfg = batch.decodes, self.config
+        if d is None or not d.is_whole_batch or kv_cache.kv is None:
+            return None
+        if kv_cache.kv.dtype != self.dtype:
+            return None
+        max_len = int(d.slots.shape[1])
+        return (
+            *(batch.slot_mapping, d.block_tables, d.context_lens, d.block_size, self.scale),
+            *(max_len, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        )
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

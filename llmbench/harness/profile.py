@@ -116,6 +116,8 @@ def profile(
     )
     import torch
 
+    # Op by op: a dense decode layer fused into one C++ call has no ops to attribute.
+    engine.model.fuse_decode_layers = False
     weight_bpp, lm_head_bpp = loaded_bytes_per_param(config, engine.model.weight_bytes)
     peaks = (roofs["read_bytes_per_s"], roofs["matmul_flops_per_s"].get(spec.dtype))
     rng = random.Random(spec.seed)

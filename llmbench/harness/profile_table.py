@@ -27,7 +27,8 @@ def header_line(result: dict[str, Any]) -> str:
         f"{roofs['read_bytes_per_s'] / 1e9:.1f} GB/s ({roofs['sources']['read_bytes_per_s']}; "
         f"{roofs['sources']['read']}), matmul {result['dtype']} {matmul}; load average "
         f"{result['loadavg_1m_before']:.2f} before, {result['loadavg_1m_after']:.2f} after "
-        f"({result['cpu_count']} cores)"
+        f"({result['cpu_count']} cores); each layer op by op (the engine runs a dense decode "
+        "layer as one C++ call, which has no ops to attribute)"
     )
 
 

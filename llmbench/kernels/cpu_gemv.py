@@ -48,10 +48,12 @@ from llmbench.kernels.errors import KernelDispatchError
 OP = "cpu_gemv"
 ENV_VAR = "LLMBENCH_CPU_GEMV"
 CHOICES = ("auto", "ext", "torch")
-# One library: the 16-bit matmul, the int8/int4 matmul (`cpu_quant_gemv`) and the per-layer ops
-# (`cpu_layer_ops`) register into one namespace; HEADERS are compiled into them.
+# One library: the matmul, the int8/int4 matmul (`cpu_quant_gemv`), the per-layer ops and the
+# fused decode layer (`cpu_layer_ops`) register into one namespace; HEADERS are compiled in.
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(CSRC / name for name in ("gemv.cpp", "gemv_quant.cpp", "layer_ops.cpp"))
+SOURCES = tuple(
+    CSRC / name for name in ("gemv.cpp", "gemv_quant.cpp", "layer_ops.cpp", "decode_layer.cpp")
+)
 HEADERS = (CSRC / "simd.h",)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Up to this many rows of x the extension beats torch's matmul (`max_rows`). bfloat16: measured

@@ -110,7 +110,15 @@ class CpuLayerOps:
     rms_norm: Callable[..., torch.Tensor]
     rope_: Callable[..., None]
     paged_decode_attention: Callable[..., torch.Tensor]
+    # A whole dense layer of a decode step (`csrc/decode_layer.cpp`): the model's ops in its
+    # order, the matmuls through the library's `gemv`; see `LlamaModel.forward`.
+    decode_layer: Callable[..., torch.Tensor]
 
     @classmethod
     def of(cls, backend: CpuGemv) -> CpuLayerOps:
-        return cls(backend.op("rms_norm"), backend.op("rope_"), backend.op(DECODE_ATTENTION_OP))
+        return cls(
+            backend.op("rms_norm"),
+            backend.op("rope_"),
+            backend.op(DECODE_ATTENTION_OP),
+            backend.op("decode_layer"),
+        )

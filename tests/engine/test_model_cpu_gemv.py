@@ -5,6 +5,8 @@ decode."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -22,11 +24,15 @@ VARIANTS = {
 NUM_DECODE_STEPS = 8
 
 
-def _logits(folder, dtype: torch.dtype, prompt: list[int]) -> tuple[LlamaModel, list[torch.Tensor]]:
-    """Prefill `prompt`, then decode greedily; the float32 logits of every step."""
+def _logits(
+    folder, dtype: torch.dtype, prompt: list[int], fuse: bool = True
+) -> tuple[LlamaModel, list[torch.Tensor]]:
+    """Prefill `prompt`, then decode greedily; the float32 logits of every step. `fuse`: decode
+    steps run each dense layer as one C++ call where the model can."""
     source = HFFolderSource(folder)
     cfg = source.config
     model = LlamaModel(cfg, source.load(dtype, torch.device("cpu")))
+    model.fuse_decode_layers = fuse
     cache = KVCache(
         cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, dtype, torch.device("cpu")
     )
@@ -54,7 +60,7 @@ def test_logits_with_the_extension_match_torch(tmp_path, monkeypatch, variant, d
     fast, ours = _logits(folder, dtype, prompt.tolist())
     assert fast.cpu_ops is not None
     assert "C++ extension (" in fast.kernels_description
-    assert fast.kernels_description.endswith("rms_norm, rope, paged_decode_attention")
+    assert fast.kernels_description.endswith("rope, paged_decode_attention, decode_layer")
     is_16_bit = dtype != torch.float32
     assert fast.layers[0].qkv_proj.fast_op is not None
     description = fast.kernels_description
@@ -69,3 +75,49 @@ def test_logits_with_the_extension_match_torch(tmp_path, monkeypatch, variant, d
     for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
         diff = (a - b).abs().max().item()
         assert diff < tolerance * b.abs().max().item(), f"step {step}: max abs logit diff {diff}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_fused_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, variant, dtype):
+    folder = write_tiny_checkpoint(tmp_path, **VARIANTS[variant])
+    prompt = torch.randint(0, VOCAB, (21,), generator=torch.Generator().manual_seed(2)).tolist()
+    fused_model, fused = _logits(folder, dtype, prompt, fuse=True)
+    assert all(rows == cpu_gemv.max_rows(dtype) for rows in fused_model._fused_rows)
+    _, op_by_op = _logits(folder, dtype, prompt, fuse=False)
+    for step, (a, b) in enumerate(zip(fused, op_by_op, strict=True)):
+        assert torch.equal(a, b), f"step {step}"
+
+
+def test_a_fused_decode_step_of_several_sequences_matches_op_by_op(tmp_path):
+    folder = write_tiny_checkpoint(tmp_path, arch="qwen2")  # with a qkv bias
+    source = HFFolderSource(folder)
+    cfg = source.config
+    model = LlamaModel(cfg, source.load(torch.bfloat16, torch.device("cpu")))
+    calls = []
+    fused_op = model.cpu_ops.decode_layer
+    model.cpu_ops = dataclasses.replace(
+        model.cpu_ops, decode_layer=lambda *args: calls.append(1) or fused_op(*args)
+    )
+    lens = [5, 19, 33]  # contexts after this step; each sequence's own blocks
+    tables = [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    outs = []
+    for fuse in (True, False):
+        cache = KVCache(
+            cfg.num_layers,
+            9,
+            16,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            torch.bfloat16,
+            torch.device("cpu"),
+        )
+        cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(3)))
+        model.fuse_decode_layers = fuse
+        chunks = [Chunk(n - 1, 1, t) for n, t in zip(lens, tables, strict=True)]
+        batch = build_attention_batch(chunks, 16, torch.device("cpu"), torch.bfloat16)
+        ids, positions = torch.tensor([7, 8, 9]), torch.tensor([n - 1 for n in lens])
+        outs.append((model.forward(ids, positions, batch, cache), cache.kv.clone()))
+    (hidden_fused, kv_fused), (hidden, kv) = outs
+    assert len(calls) == cfg.num_layers  # the fused step ran every layer as one call
+    assert torch.equal(hidden_fused, hidden) and torch.equal(kv_fused, kv)
