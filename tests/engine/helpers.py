@@ -63,6 +63,21 @@ def write_tiny_checkpoint(
     return folder
 
 
+def run_together(engine, prompts, params) -> list[tuple[list[int], str, str | None]]:
+    """Every request's (tokens, text, finish reason), all of them in flight together."""
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    got = {i: ([], "", None) for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens, text, _ = got[out.request_id]
+            got[out.request_id] = (
+                tokens + list(out.new_token_ids),
+                text + out.new_text,
+                out.finish_reason,
+            )
+    return [got[i] for i in ids]
+
+
 def run_staggered(engine, prompts, params, arrive_every: int) -> dict[str, list[int]]:
     """Add one prompt every `arrive_every` steps while stepping; collect tokens per request."""
     tokens: dict[str, list[int]] = {}

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.sampling import SamplingParams
 from llmbench.engine.speculative import SpeculativeConfig
-from tests.engine.helpers import VOCAB, run_staggered, write_tiny_checkpoint
+from tests.engine.helpers import VOCAB, run_staggered, run_together, write_tiny_checkpoint
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
@@ -123,23 +123,10 @@ def test_stops_apply_to_accepted_tokens_in_order(tiny_folder, draft_folder, meth
     plain_tokens = reference.generate(batch, GREEDY)
     params = stop_params(plain_tokens, lambda t: reference.tokenizer.decode([t]))
 
-    def run(engine):
-        ids = [engine.add_request(p, sp) for p, sp in zip(batch, params, strict=True)]
-        got = {i: ([], "", None) for i in ids}
-        while engine.has_unfinished():
-            for out in engine.step():
-                tokens, text, _ = got[out.request_id]
-                got[out.request_id] = (
-                    tokens + list(out.new_token_ids),
-                    text + out.new_text,
-                    out.finish_reason,
-                )
-        return [got[i] for i in ids]
-
-    expected = run(make_engine(tiny_folder))
+    expected = run_together(make_engine(tiny_folder), batch, params)
     assert [r[2] for r in expected[:3]] == ["stop", "stop", "length"]
     engine = make_engine(tiny_folder, methods(draft_folder)[method])
-    assert run(engine) == expected
+    assert run_together(engine, batch, params) == expected
     assert sum(r.num_accepted_tokens for r in engine.step_records) > 0
 
 

@@ -9,6 +9,7 @@ import pytest
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.sampling import SamplingParams
 from llmbench.engine.speculative import SpeculativeConfig
+from tests.engine.helpers import run_together
 
 pytestmark = pytest.mark.slow
 
@@ -23,21 +24,6 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def plain_engine(smollm2_gguf_path):
     return LLMEngine(EngineConfig(model=str(smollm2_gguf_path), device="cpu"))
-
-
-def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]):
-    """Every request's (tokens, text, finish reason), all of them in flight together."""
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
-    got = {i: ([], "", None) for i in ids}
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens, text, _ = got[out.request_id]
-            got[out.request_id] = (
-                tokens + list(out.new_token_ids),
-                text + out.new_text,
-                out.finish_reason,
-            )
-    return [got[i] for i in ids]
 
 
 @pytest.mark.parametrize(
@@ -61,13 +47,13 @@ def test_speculative_greedy_decoding_matches_plain_decoding(smollm2_gguf_path, p
         SamplingParams(max_tokens=24, temperature=0.0, stop=(tokenizer.decode([plain[2][15]]),)),
         SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
     ]
-    expected = run(plain_engine, prompts, params)
+    expected = run_together(plain_engine, prompts, params)
     engine = LLMEngine(
         EngineConfig(
             model=str(smollm2_gguf_path), device="cpu", speculative=spec, max_num_batched_tokens=64
         )
     )
-    assert run(engine, prompts, params) == expected
+    assert run_together(engine, prompts, params) == expected
     records = engine.step_records
     assert sum(r.num_accepted_tokens for r in records) > 0
     assert [out[2] for out in expected] == ["stop", "stop", "stop", "length"]
