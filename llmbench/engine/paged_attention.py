@@ -216,17 +216,20 @@ class Chunk:
     block_table: list[int]
 
 
-def context_slots(
-    block_tables: list[list[int]], context_lens: list[int], block_size: int, device: torch.device
-) -> torch.Tensor:
-    """K/V slots of positions [0, C) of each sequence, padded with slot 0: [B, max C].
+def padded_block_tables(block_tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Each sequence's block table, padded with block 0 to the longest: [B, max_blocks] int64."""
+    max_blocks = max(len(t) for t in block_tables)
+    padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
+    return torch.tensor(padded, dtype=torch.long, device=device)
+
+
+def context_slots(blocks: torch.Tensor, context_lens: list[int], block_size: int) -> torch.Tensor:
+    """K/V slots of positions [0, C) of each sequence of `blocks` (`padded_block_tables`),
+    padded with slot 0: [B, max C].
 
     Slot = block_table[pos // block_size] * block_size + pos % block_size.
     """
-    max_blocks = max(len(t) for t in block_tables)
-    padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
-    blocks = torch.tensor(padded, dtype=torch.long, device=device)  # [B, max_blocks]
-    offsets = torch.arange(block_size, device=device)
+    offsets = torch.arange(block_size, device=blocks.device)
     slots = blocks[:, :, None] * block_size + offsets  # [B, max_blocks, block_size]
     return slots.flatten(1)[:, : max(context_lens)]
 
@@ -236,7 +239,8 @@ def build_attention_batch(
 ) -> AttentionBatch:
     """Index tensors for one step whose flat batch is the chunks' tokens in order."""
     context_lens = [c.start + c.num_tokens for c in chunks]
-    slots = context_slots([c.block_table for c in chunks], context_lens, block_size, device)
+    blocks = padded_block_tables([c.block_table for c in chunks], device)  # [N, max_blocks]
+    slots = context_slots(blocks, context_lens, block_size)
     new_slots, prefills, decode_rows, decode_seqs = [], [], [], []
     short_rows, short_seqs = [], []
     row = 0
@@ -280,16 +284,13 @@ def build_attention_batch(
             is_pad = torch.arange(max_len, device=device)[None, :] >= lens_t[:, None]  # [B, C]
             bias = torch.zeros(is_pad.shape, dtype=dtype, device=device)
             bias = bias.masked_fill_(is_pad, float("-inf"))[:, None, None, :]
-        tables = [chunks[i].block_table for i in decode_seqs]
-        max_blocks = max(len(t) for t in tables)
+        decode_blocks = blocks[decode_seqs, : max(len(chunks[i].block_table) for i in decode_seqs)]
         decodes = DecodeBatch(
             rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
             is_whole_batch=not prefills and not short_seqs,
             slots=slots[decode_seqs, :max_len],
             bias=bias,
-            block_tables=torch.tensor(
-                [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32, device=device
-            ),
+            block_tables=decode_blocks.to(torch.int32),
             context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
             block_size=block_size,
         )
