@@ -97,7 +97,7 @@ class Linear:
 
 
 def cpu_matmul() -> cpu_gemv.CpuGemv:
-    """The CPU 16-bit matmul (`kernels.cpu_gemv`); a bad LLMBENCH_CPU_GEMV is a UserError."""
+    """The CPU C++ extension (`kernels.cpu_gemv`); a bad LLMBENCH_CPU_GEMV is a UserError."""
     try:
         return cpu_gemv.default()
     except KernelDispatchError as e:

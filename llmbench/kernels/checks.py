@@ -11,6 +11,7 @@ import torch
 from llmbench.kernels.errors import KernelArgumentError
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CPU = torch.device("cpu")  # where the C++ extension's ops take their tensors
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 

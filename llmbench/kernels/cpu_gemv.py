@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from llmbench.kernels.checks import (
+    CPU,
     check_bias_and_residual,
     check_same_dtype,
     check_shape,
@@ -143,7 +144,7 @@ def build_name(source: bytes, isa: str, cflags: tuple[str, ...], torch_version: 
 
 @dataclass(frozen=True)
 class CpuGemv:
-    """The CPU 16-bit matmul in use: "extension" (the C++ library, loaded) or "torch", and why."""
+    """The CPU C++ extension in use: "extension" (the library, loaded) or "torch", and why."""
 
     implementation: str
     reason: str
@@ -162,8 +163,9 @@ class CpuGemv:
         return self.is_extension and "vnni" in (self.isa or "")
 
     def op(self, name: str = "gemv"):
-        """The loaded library's op `name`: `gemv(x, weight, bias, residual)` or one of
-        `cpu_layer_ops`' (rms_norm, rope_, paged_decode_attention)."""
+        """The loaded library's op `name`: `gemv(x, weight, bias, residual)`, `quant_gemv`
+        (`cpu_quant_gemv`), or one of `cpu_layer_ops`' (rms_norm, rope_,
+        paged_decode_attention, decode_layer)."""
         if not self.is_extension:
             raise KernelDispatchError(f"{OP}: the extension is not in use ({self.reason})")
         return getattr(getattr(torch.ops, self.namespace), name).default
@@ -211,7 +213,7 @@ def load(
     env: Mapping[str, str] | None = None,
     flags: frozenset[str] | None = None,
 ) -> CpuGemv:
-    """The CPU 16-bit matmul under `env` (default: the process environment): the extension
+    """The CPU C++ extension under `env` (default: the process environment): the extension
     loaded from `directory` (default `cache_dir(env)`), built there first if it is not, or
     torch's matmul with the reason. LLMBENCH_CPU_GEMV=ext turns every reason into an error."""
     env = os.environ if env is None else env
@@ -278,10 +280,10 @@ def _load_extension(
 
 @functools.cache
 def default() -> CpuGemv:
-    """The process's CPU 16-bit matmul (loaded once); a build failure prints one line."""
+    """The process's CPU C++ extension (loaded once); a build failure prints one line."""
     result = load()
     if not result.is_extension and result.reason.startswith(("build failed", "no C++", "ninja")):
-        print(f"llmbench: CPU 16-bit matmul falls back to torch: {result.reason}", file=sys.stderr)
+        print(f"llmbench: CPU C++ extension falls back to torch: {result.reason}", file=sys.stderr)
     return result
 
 
@@ -292,9 +294,8 @@ def check_gemv_args(
     residual: torch.Tensor | None = None,
 ) -> None:
     """Raise KernelArgumentError naming the argument unless the layout is what the op reads."""
-    cpu = torch.device("cpu")
-    check_tensor(OP, "weight", weight, "[N, K]", WEIGHT_DTYPES, contiguous_dims=2, device=cpu)
-    check_tensor(OP, "x", x, "[M, K]", WEIGHT_DTYPES, device=cpu)
+    check_tensor(OP, "weight", weight, "[N, K]", WEIGHT_DTYPES, contiguous_dims=2, device=CPU)
+    check_tensor(OP, "x", x, "[M, K]", WEIGHT_DTYPES, device=CPU)
     check_same_dtype(OP, "x", x, "weight", weight.dtype)
     num_rows, out_features = x.shape[0], weight.shape[0]
     check_shape(OP, "x", x, (num_rows, weight.shape[1]), "[M, K]")

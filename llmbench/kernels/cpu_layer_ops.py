@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from llmbench.kernels.checks import (
+    CPU,
     FLOAT_DTYPES,
     check_paged_cache,
     check_shape,
@@ -24,7 +25,6 @@ from llmbench.kernels.checks import (
 )
 from llmbench.kernels.cpu_gemv import CpuGemv
 
-CPU = torch.device("cpu")
 # The extension's op names. Not imported from the Triton kernel modules: importing one imports
 # Triton, which this CPU path must not need (nor pay for).
 DECODE_ATTENTION_OP = "paged_decode_attention"

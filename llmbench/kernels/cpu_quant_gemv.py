@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from llmbench.kernels.checks import (
+    CPU,
     FLOAT_DTYPES,
     check_bias_and_residual,
     check_shape,
@@ -40,7 +41,6 @@ OP = "quant_gemv"
 GROUP = 32  # x's quantisation group along K, and int4's weight group
 ROW_BLOCK = 4
 INT4_OFFSET = 8
-CPU = torch.device("cpu")
 
 
 def _pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

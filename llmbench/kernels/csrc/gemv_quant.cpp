@@ -285,15 +285,12 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
   return y;
 }
 
-bool has_quant_gemv() { return kHasVnni; }
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(LLMBENCH_GEMV_NAMESPACE, m) {
   m.def(
       "quant_gemv(Tensor x, Tensor codes, Tensor? scale_zero, Tensor? scale, int out_features, "
       "Tensor? bias, Tensor? residual) -> Tensor");
-  m.def("has_quant_gemv() -> bool", &has_quant_gemv);
 }
 
 TORCH_LIBRARY_IMPL(LLMBENCH_GEMV_NAMESPACE, CPU, m) { m.impl("quant_gemv", &quant_gemv); }
