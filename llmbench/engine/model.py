@@ -352,7 +352,9 @@ class LlamaModel:
         decode_op = cpu.paged_decode_attention if cpu else None
         qk_size = cfg.q_size + cfg.kv_size
         self.last_routing = []
-        # A step of one-token sequences on the C++ extension: each dense layer in one call.
+        # A step of one-token sequences on the C++ extension: each dense layer in one call
+        # (csrc/decode_layer.cpp repeats the ops below in their order: change both together;
+        # tests/engine/test_model_cpu_gemv.py holds them bit-identical).
         is_fused = cpu and self.fuse_decode_layers
         fused = self._fused_decode_args(batch, kv_cache) if is_fused else None
         with _gemv_backend(self.device, self.dtype, num_tokens):
