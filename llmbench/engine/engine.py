@@ -32,13 +32,14 @@ from llmbench.engine.kv_dtype import KVCacheDtype, bytes_per_token
 from llmbench.engine.model import LlamaModel
 from llmbench.engine.moe import mean_load_max_over_mean
 from llmbench.engine.paged_attention import KVCache
+from llmbench.engine.proposers import make_proposer
 from llmbench.engine.quant.scheme import parse_quantize
 from llmbench.engine.records import RequestOutput, StepRecord
 from llmbench.engine.runner import ModelRunner
 from llmbench.engine.sampling import SamplingParams, check_stop, make_generator
 from llmbench.engine.scheduler import Scheduler, SchedulerConfig
 from llmbench.engine.sequence import Sequence
-from llmbench.engine.speculative import SpeculativeConfig, make_proposer
+from llmbench.engine.speculative import SpeculativeConfig
 from llmbench.engine.weights import open_weights
 from llmbench.errors import UserError
 

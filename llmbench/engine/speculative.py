@@ -153,33 +153,3 @@ class NgramProposer:
             k = max_draft_tokens(seq, cfg.num_tokens)
             seq.spec_token_ids = propose_ngram(seq.token_ids, cfg.ngram_min, cfg.ngram_max, k)
             seq.spec_probs = None  # a point mass on each proposed token
-
-
-def make_proposer(
-    config: SpeculativeConfig,
-    target,
-    tokenizer,
-    target_name: str,
-    kv_cache,
-    blocks,
-    max_num_batched_tokens: int,
-) -> Proposer | None:
-    """The proposer `config` asks for (None: speculation off). A draft model is loaded like the
-    `target` (named `target_name`); a `self:` draft reads and writes the target's `kv_cache`
-    through its `blocks`, any other gets a cache of as many blocks and catches up at most
-    `max_num_batched_tokens` tokens a step."""
-    if config.method == "ngram":
-        return NgramProposer(config)
-    if config.method == "draft":
-        from llmbench.engine.draft_model import DraftModelProposer
-
-        return DraftModelProposer.open(
-            config,
-            target,
-            tokenizer,
-            target_name,
-            kv_cache,
-            blocks,
-            max_num_batched_tokens,
-        )
-    return None

@@ -29,19 +29,6 @@ from llmbench.harness.yaml_source import SpecError, located, read_yaml
 
 MetricKind = Literal["raw", "hardware-normalised", "device-independent"]
 
-# Per-request latency distributions (one sample per request, or per token gap for itl/icl);
-# a gate names one statistic of them: `tpot_ms.p50`.
-LATENCY_FAMILIES = (
-    "ttft_ms",
-    "ttft_from_send_ms",
-    "tpot_ms",
-    "itl_ms",
-    "icl_ms",
-    "e2e_ms",
-    "queue_ms",
-)
-# No `max`: a bootstrap cannot bound a sample maximum (a resample never exceeds the original).
-STATISTICS = ("mean", "p50", "p90", "p95", "p99")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,20 @@ import numpy as np
 from llmbench.errors import UserError
 from llmbench.harness.records import RequestRecord
 
+# Per-request latency distributions (one sample per request, or per token gap for itl/icl);
+# a gate names one statistic of them: `tpot_ms.p50`.
+LATENCY_FAMILIES = (
+    "ttft_ms",
+    "ttft_from_send_ms",
+    "tpot_ms",
+    "itl_ms",
+    "icl_ms",
+    "e2e_ms",
+    "queue_ms",
+)
+# No `max`: a bootstrap cannot bound a sample maximum (a resample never exceeds the original).
+STATISTICS = ("mean", "p50", "p90", "p95", "p99")
+
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmbench.errors import UserError
-from llmbench.harness.hardware import LINKS
+from llmbench.harness.datasheets import link_bandwidth
 from llmbench.harness.spec import MoEOffloadSpec
 
 if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
     from llmbench.engine.expert_offload import ExpertOffloadConfig
 
 DEFAULT_SIMULATED_LINK = "pcie4-x16"
-REAL_LINK = "real"
+REAL_LINK = "real"  # copies over the machine's own link, timed: no simulated bandwidth
 _KEYS = ("resident", "cache", "link", "profile", "sleep")
 
 
@@ -51,7 +51,8 @@ def parse_moe_offload(text: str) -> MoEOffloadSpec | None:
     if fields.get("sleep", "true") not in ("true", "false"):
         raise UserError(f"--moe-offload: sleep is a flag (sleep, or sleep=true), got {text!r}")
     link = fields.get("link")
-    check_link(link)
+    if link not in (None, REAL_LINK):
+        link_bandwidth(link)  # a bad name is its UserError
     return MoEOffloadSpec(
         resident=counts["resident"],
         cache=counts["cache"],
@@ -59,30 +60,6 @@ def parse_moe_offload(text: str) -> MoEOffloadSpec | None:
         profile=fields.get("profile"),
         sleep=fields.get("sleep") == "true",
     )
-
-
-def check_link(link: str | None) -> None:
-    """A link name of `hardware.LINKS` (or its short form), `NUMBERGB/s`, `real`, or None."""
-    if link is None or link == REAL_LINK:
-        return
-    link_bandwidth(link)
-
-
-def link_bandwidth(link: str) -> float:
-    """Bytes/s of a simulated link: `pcie4-x16` (or `pcie4`) from the table, or `25GB/s`."""
-    name = link if link in LINKS else f"{link}-x16"
-    if name in LINKS:
-        return LINKS[name]
-    number = link.removesuffix("GB/s")
-    try:
-        value = float(number) * 1e9 if number != link else None
-    except ValueError:
-        value = None
-    if value is None or not value > 0:
-        raise UserError(
-            f"link {link!r}: use one of {', '.join(LINKS)}, a bandwidth such as 25GB/s, or real"
-        )
-    return value
 
 
 def engine_offload(spec: MoEOffloadSpec, device: str) -> ExpertOffloadConfig:

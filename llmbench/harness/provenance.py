@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import psutil
 
 from llmbench.harness.results import Device, HardwareCeilings, MachineLoad, Provenance
+from llmbench.kernels.cpu_info import cpu_name
 
 # The packages whose versions a result records: the ones that change the numbers.
 _VERSIONED_PACKAGES = ("llmbench", "torch", "transformers", "aiohttp")
@@ -49,16 +50,6 @@ def git_sha() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() + ("-dirty" if dirty else "")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def device_of(backend_kind: str, backend: Any, url: str | None) -> Device:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from llmbench.errors import UserError
+from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spread import spread
 
 SCHEMA_VERSION = 4
@@ -196,18 +197,6 @@ class TelemetryInfo:
     interval_s: float
     notes: tuple[str, ...] = ()
     summary: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # column → stats
-
-
-@dataclass(frozen=True)
-class ClockAnchor:
-    """One instant on a process's clocks: how its `perf_counter_ns` records are put on another
-    process's clock (`shards.shift_ns`)."""
-
-    perf_ns: int
-    monotonic_ns: int  # CLOCK_MONOTONIC: shared by the processes of one boot of one host
-    unix_ns: int  # the wall clock: shared across hosts as far as their clocks are in sync
-    host: str
-    boot_id: str | None  # None: unknown (not Linux)
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,11 @@ from pathlib import Path
 from llmbench.errors import UserError
 from llmbench.harness import failures, merge, provenance, run_roofs, shards
 from llmbench.harness.results import RESULTS_FILE, TelemetryInfo, write_results
-from llmbench.harness.run import format_summary, prepare_folder
+from llmbench.harness.run_folder import prepare_folder
 from llmbench.harness.run_signals import RunInterrupted, StopSignals
 from llmbench.harness.run_summary import START_FILE
 from llmbench.harness.spec import RunSpec
+from llmbench.harness.summary_lines import format_summary
 from llmbench.harness.telemetry import Telemetry
 from llmbench.harness.telemetry import summarize as summarize_telemetry
 from llmbench.harness.worker import JOB_FILE, LOG_FILE

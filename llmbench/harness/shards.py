@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from llmbench.errors import UserError
-from llmbench.harness.results import ClockAnchor
 
 T = TypeVar("T")
 
@@ -54,6 +53,18 @@ class Shard:
     index: int
     count: int
     start_at: Callable[[], Awaitable[int]] | None = None
+
+
+@dataclass(frozen=True)
+class ClockAnchor:
+    """One instant on a process's clocks: how its `perf_counter_ns` records are put on another
+    process's clock (`shards.shift_ns`)."""
+
+    perf_ns: int
+    monotonic_ns: int  # CLOCK_MONOTONIC: shared by the processes of one boot of one host
+    unix_ns: int  # the wall clock: shared across hosts as far as their clocks are in sync
+    host: str
+    boot_id: str | None  # None: unknown (not Linux)
 
 
 def pick(items: Sequence[T], shard: Shard | None) -> list[T]:

@@ -24,7 +24,7 @@ import yaml
 from llmbench.errors import UserError
 from llmbench.harness import shards
 from llmbench.harness.cost_model import BYTES_PER_ELEM
-from llmbench.harness.hardware import HARDWARE, datasheet
+from llmbench.harness.datasheets import HARDWARE, datasheet, link_bandwidth
 from llmbench.harness.metrics import SLO_METRICS
 from llmbench.harness.yaml_source import SpecError, located, read_yaml
 
@@ -631,8 +631,6 @@ def _check_quantize(quantize: str | None) -> None:
 
 def _check_moe_offload(spec: RunSpec) -> None:
     """`engine.moe_offload`: counts >= 0, a link the hardware table or a bandwidth names."""
-    from llmbench.harness.moe_offload import check_link
-
     o = spec.engine.moe_offload
     if o is None:
         return
@@ -642,7 +640,8 @@ def _check_moe_offload(spec: RunSpec) -> None:
         if getattr(o, name) < 0:
             raise SpecError(f"engine.moe_offload.{name}", f"must be >= 0, got {getattr(o, name)}")
     try:
-        check_link(o.link)
+        if o.link not in (None, "real"):  # real: the machine's own link, no simulated bandwidth
+            link_bandwidth(o.link)
     except UserError as e:
         raise SpecError("engine.moe_offload.link", str(e)) from None
     if o.sleep and o.link == "real":

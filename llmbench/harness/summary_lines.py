@@ -7,7 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from llmbench.harness import client_load
 from llmbench.harness.metrics import SERVER_TIMINGS
+from llmbench.harness.results import RunResult, to_dict
+from llmbench.harness.speculative_stats import format_speculative
+from llmbench.harness.spread import metric_value
 
 # The server-vs-client block: (label, summary key), the client's number then the server's.
 SERVER_CLIENT_ROWS = (
@@ -65,3 +69,107 @@ def server_client_lines(summary: Mapping[str, Any]) -> list[str]:
 def warning_lines(summary: Mapping[str, Any]) -> list[str]:
     """`summary.warnings`, each as a WARNING line."""
     return [f"WARNING: {line}" for line in summary.get("warnings") or []]
+
+
+def format_summary(result: RunResult) -> str:
+    """The table printed after a run (also what `report.md` will start from)."""
+    s = result.summary
+    header = (
+        f"{result.name}: {what_ran(to_dict(result))} - {s['num_completed']} requests "
+        f"completed, {s['num_failed']} failed in {s['duration_s'] or 0:.1f} s"
+    )
+    lines = [
+        header,
+        f"{'':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}",
+    ]
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
+        d = s[name]
+        cells = "".join(
+            f"{d[k]:>10.1f}" if d[k] is not None else f"{'-':>10}"
+            for k in ("mean", "p50", "p90", "p99", "max")
+        )
+        lines.append(f"{name:<10}{cells}")
+    hit = s.get("prefix_cache_hit_rate")
+    lines.append(
+        f"throughput: {_rate(s['output_tok_per_s'], '.1f')} output tok/s, "
+        f"{_rate(s['input_tok_per_s'], '.1f')} input tok/s, {_rate(s['request_per_s'], '.2f')} "
+        f"req/s; goodput {_rate(s['goodput_request_per_s'], '.2f')} req/s; "
+        f"prefix-cache hit rate {'-' if hit is None else f'{hit:.2f}'}"
+    )
+    lines += server_client_lines(s)
+    roof = result.roofline
+    estimated = ""
+    if roof is not None and roof.is_estimated:
+        guess = f"; bytes assume {roof.dtype} weights: set backend.weights"
+        estimated = f" (estimated from the client{'' if roof.weights else guess})"
+    if roof is not None and roof.roofs is not None:
+        r = roof.roofs
+        mbu, mfu = s.get("decode_mbu"), s.get("prefill_mfu")
+        flops = "-" if r.flops_per_s is None else f"{r.flops_per_s / 1e9:.0f}"
+        lines.append(
+            f"roofline{estimated}: decode MBU {'-' if mbu is None else f'{mbu:.2f}'}, prefill MFU "
+            f"{'-' if mfu is None else f'{mfu:.2f}'} against {r.label} "
+            f"({r.read_bytes_per_s / 1e9:.1f} GB/s, {flops} GFLOP/s {roof.dtype})"
+        )
+    elif roof is not None and "decode" in roof.phases:
+        lines.append(
+            f"roofline{estimated}: decode at {roof.phases['decode'].bytes_per_s / 1e9:.2f} "
+            "GB/s achieved (set backend.hardware for MBU/MFU)"
+        )
+    sessions = s.get("sessions", {})
+    if sessions.get("num_sessions"):
+        lines.append(
+            f"sessions: {sessions['num_sessions']}, mean {sessions['mean_session_s']:.1f} s "
+            f"(waiting on the model {sessions['mean_model_wait_s']:.1f} s, on tools "
+            f"{sessions['mean_tool_wait_s']:.1f} s)"
+        )
+    client = client_load.summary_line(result.client)
+    if client is not None:
+        lines.append(client)
+    if s.get("speculative"):
+        lines.append(format_speculative(s["speculative"]))
+    repetitions = format_repetitions(result)
+    if repetitions:
+        lines.append(repetitions)
+    if result.interrupted:
+        lines.append(f"interrupted ({result.stop_reason}): partial results")
+    lines += warning_lines(s)
+    return "\n".join(lines)
+
+
+# The spread the summary table shows: (metric, label).
+SHOWN_SPREAD = (
+    ("tpot_ms.p50", "TPOT p50"),
+    ("decode_mbu", "decode MBU"),
+    ("output_tok_per_s", "output tok/s"),
+)
+
+
+def format_repetitions(result: RunResult) -> str | None:
+    """The summary table's line on repetitions: how many, and the between-repetition cv of a
+    few metrics ("3 repetitions: TPOT p50 cv 2.1%, ..."); which ones a stop cut short. None for
+    a run of one repetition."""
+    s = result.summary
+    repetitions = s.get("repetitions") or []
+    asked = result.spec.get("repeat", 1)
+    if asked <= 1 and len(repetitions) <= 1:
+        return None
+    spread = s.get("spread") or {}
+    cvs = []
+    for name, label in SHOWN_SPREAD:
+        cv = (spread.get(name) or {}).get("cv")
+        if cv is not None or metric_value(s, name) is not None:
+            cvs.append(f"{label} cv {'-' if cv is None else f'{cv:.1%}'}")
+    partial = [r["repetition"] for r in repetitions if r["is_partial"]]
+    if not partial:
+        return f"{len(repetitions)} repetitions: " + ", ".join(cvs)
+    whole = len(repetitions) - len(partial)
+    return (
+        f"repetitions: {whole} whole, repetition {partial[0]} of {asked} cut short (its numbers "
+        f"are partial); spread over the whole ones: " + ", ".join(cvs)
+    )
+
+
+def _rate(value: float | None, spec: str) -> str:
+    """A rate as the table shows it: "-" when there is none (nothing completed)."""
+    return "-" if value is None else format(value, spec)

@@ -73,7 +73,7 @@ def _set_once(future: asyncio.Future) -> None:
 
 def main(folder: Path) -> int:
     """Run the shard `worker.json` in `folder` describes; the exit code of `llmbench run`."""
-    from llmbench.harness import run
+    from llmbench.harness import run_point
     from llmbench.harness.run_signals import RunInterrupted, StopSignals
     from llmbench.harness.spec import spec_from_dict
 
@@ -85,7 +85,7 @@ def main(folder: Path) -> int:
         spec = spec_from_dict(job["spec"], str(folder / JOB_FILE))
         shard = shards.Shard(job["index"], job["count"], start_at=channel.start_at)
         with StopSignals() as stop:
-            run._execute_point(
+            run_point.execute_point(
                 spec, folder, job["point"], lambda _: None, stop, is_strict=False, shard=shard
             )
     except RunInterrupted as e:

@@ -44,6 +44,7 @@ from llmbench.kernels.checks import (
     check_tensor,
 )
 from llmbench.kernels.cost import KernelCost, dtype_bytes
+from llmbench.kernels.cpu_info import this_cpu_flags
 from llmbench.kernels.errors import KernelDispatchError
 
 OP = "cpu_gemv"
@@ -101,14 +102,6 @@ ISA_FLAGS = (
 )
 
 
-def cpu_flags(cpuinfo: str) -> frozenset[str]:
-    """The feature flags of the first processor in a /proc/cpuinfo text."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags") and ":" in line:
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
 def choose_isa(flags: frozenset[str]) -> tuple[str, tuple[str, ...]]:
     """(instruction set name, compiler flags) for a CPU with `flags`: the first of ISA_FLAGS
     it fully has, else ("scalar", ())."""
@@ -116,14 +109,6 @@ def choose_isa(flags: frozenset[str]) -> tuple[str, tuple[str, ...]]:
         if all(f in flags for f in needed):
             return name, cflags
     return "scalar", ()
-
-
-def this_cpu_flags() -> frozenset[str]:
-    """This machine's CPU flags (empty where /proc/cpuinfo is not readable, e.g. macOS)."""
-    try:
-        return cpu_flags(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        return frozenset()
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:

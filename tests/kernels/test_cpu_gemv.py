@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils import cpp_extension
 
-from llmbench.kernels import cpu_gemv
+from llmbench.kernels import cpu_gemv, cpu_info
 from llmbench.kernels.cost import KernelCost
 from llmbench.kernels.dispatch import Dispatch
 from llmbench.kernels.errors import KernelArgumentError, KernelDispatchError
@@ -93,8 +93,8 @@ def test_cost_is_a_hand_count():
 
 def test_cpu_flags_come_from_the_first_flags_line():
     cpuinfo = "processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: x\nflags\t\t: sse\n"
-    assert cpu_gemv.cpu_flags(cpuinfo) == {"fpu", "avx2", "fma"}
-    assert cpu_gemv.cpu_flags("processor : 0\n") == frozenset()
+    assert cpu_info.cpu_flags(cpuinfo) == {"fpu", "avx2", "fma"}
+    assert cpu_info.cpu_flags("processor : 0\n") == frozenset()
 
 
 @pytest.mark.parametrize(

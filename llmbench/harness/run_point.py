@@ -1,0 +1,370 @@
+"""One run point in this process: backend opened, roofs settled, workload driven, results written.
+
+The order keeps every measurement: the hardware roofs are measured (or read from the cache)
+before the workload, with a progress line; `run-start.json` is written before the first request
+and each record is appended as it completes (`record_log`); a signal stops the workload and the
+point saves what it measured (`run_signals`); an engine crash ends it the same way, then
+re-raises. The warm-up runs once and the measured phase `spec.repeat` times (`run_repetitions`).
+`run` calls it for each point of a sweep; a worker process (`worker`) for its shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from llmbench.errors import BackendFailure, UserError
+from llmbench.harness import (
+    arrivals,
+    client_load,
+    failures,
+    provenance,
+    run_roofs,
+    run_warnings,
+    shards,
+)
+from llmbench.harness.backends.server_log import ServerLog
+from llmbench.harness.driver import DriveOptions, Driver
+from llmbench.harness.experts import EXPERTS_FILE, snapshots_of
+from llmbench.harness.record_log import RecordLog, read_steps, rewrite_requests
+from llmbench.harness.results import (
+    RESULTS_FILE,
+    KVCacheInfo,
+    MoEOffloadInfo,
+    RunResult,
+    TelemetryInfo,
+    write_results,
+)
+from llmbench.harness.run_repetitions import Repetitions, salt
+from llmbench.harness.run_signals import RunInterrupted, StopSignals, signal_name
+from llmbench.harness.run_summary import START_FILE, finish
+from llmbench.harness.spec import RunSpec
+from llmbench.harness.summary_lines import format_summary
+from llmbench.harness.telemetry import Telemetry
+from llmbench.harness.telemetry import summarize as summarize_telemetry
+from llmbench.harness.workloads import Session, Tokens, build_sessions, sessions_hash
+
+NOT_FINISHED = "not finished: the run was under way when this was written"
+
+
+def execute_point(
+    spec: RunSpec,
+    folder: Path,
+    point: float | None,
+    write_reports: Callable[[Path], object],
+    stop: StopSignals,
+    is_strict: bool,
+    shard: shards.Shard | None = None,
+    quality: dict | None = None,
+) -> tuple[Path, str | None]:
+    """Run one point in this process and write its folder; returns it and why the run fails
+    (`RunFailed`), None when it does not. `shard`: run only that shard's sessions (a worker,
+    `--shard`). `quality`: the run's `summary.quality` (`RunSpec.quality`), measured once by
+    `run.execute`."""
+    server_log = None  # the server's log, from here: its timings of this run's requests
+    if spec.backend.server_log is not None:
+        if shard is not None:
+            raise UserError("backend.server_log: not read by a sharded run (--shard); drop it")
+        server_log = ServerLog(spec.backend.server_log)
+    backend, tokenizer, model_config = _open_backend(spec)
+    measured = run_roofs.measured_roofs(spec, backend)
+    roof_setup, cost_step = run_roofs.roofline_setup(spec, backend, model_config, measured)
+    tokens = Tokens(tokenizer.encode, tokenizer.decode)
+    workloads = [
+        build_sessions(spec.workload, spec.seed, tokens, salt=salt(number))
+        for number in range(1, spec.repeat + 1)
+    ]
+    warm_spec = replace(spec.workload, sessions=spec.warmup_requests)
+    warmup = build_sessions(warm_spec, spec.seed, tokens, salt="warmup-")
+    for stale in (RESULTS_FILE, START_FILE, EXPERTS_FILE):  # a reused folder: nothing left
+        (folder / stale).unlink(missing_ok=True)
+    log = RecordLog(folder, cost_step)
+    if spec.backend.kind == "engine":
+        backend.record_steps(log.step)
+    options = DriveOptions(spec.backend.api == "chat", spec.temperature, spec.ignore_eos)
+    # A mixture of experts: its routing statistics, snapshotted as each repetition starts.
+    expert_log = snapshots_of(backend.engine, folder) if spec.backend.kind == "engine" else None
+    on_start = expert_log.start_repetition if expert_log is not None else None
+    own_workloads = [shards.pick(sessions, shard) for sessions in workloads]
+    repetitions = Repetitions(backend, tokenizer, options, log, own_workloads, on_start)
+    spec_dict = json.loads(json.dumps(spec.to_dict()))  # plain JSON values, as read back
+    own_pids = (
+        provenance.local_server_pids(spec.backend.url) if spec.backend.kind == "openai" else []
+    )
+    shared_tokens = None  # a server may hold a prefix cache from before the run: worth a check
+    if spec.backend.kind == "openai":
+        sent = [*warmup, *(session for sessions in workloads for session in sessions)]
+        shared_tokens = run_warnings.first_turn_shared_tokens(sent, tokenizer)
+    meter, client = None, None
+    if spec.backend.kind == "openai":  # the client's own CPU: it may be the bottleneck
+        meter = client_load.ClientMeter(own_pids)
+        index, count = (shard.index, shard.count) if shard else (None, 1)
+        client = client_load.start_block(index, count, shards.clock_anchor())
+        if shard is not None:
+            shard = replace(shard, start_at=meter.starting(shard.start_at))
+    failure: BackendFailure | None = None
+    with (
+        provenance.LoadMonitor(own_pids=own_pids) as monitor,
+        Telemetry(csv_path=folder / "telemetry.csv") as telemetry,
+    ):
+        start = RunResult(
+            name=spec.name,
+            interrupted=True,
+            stop_reason=NOT_FINISHED,
+            is_rebuilt=False,
+            sweep_point=point,
+            spec=spec_dict,
+            provenance=replace(
+                provenance.collect(
+                    spec_dict,
+                    spec.hash(),
+                    sessions_hash(workloads[0]),
+                    provenance.device_of(spec.backend.kind, backend, spec.backend.url),
+                    monitor.load(),
+                    measured,
+                ),
+                shared_prefix_tokens=shared_tokens,
+                kv_cache=_kv_cache_info(backend) if spec.backend.kind == "engine" else None,
+                quantize=_quantize_name(backend) if spec.backend.kind == "engine" else None,
+                moe_offload=_moe_offload_info(backend) if spec.backend.kind == "engine" else None,
+            ),
+            summary={},
+            roofline=roof_setup,
+            telemetry=TelemetryInfo(telemetry.interval_s, tuple(telemetry.notes)),
+            client=client,
+        )
+        try:
+            asyncio.run(
+                _drive(
+                    repetitions,
+                    backend,
+                    spec,
+                    shards.pick(warmup, shard),
+                    point,
+                    stop,
+                    on_started=lambda: write_results(folder, start, START_FILE),
+                    shard=shard,
+                    meter=meter,
+                )
+            )
+        except asyncio.CancelledError:
+            if stop.signum is None:
+                raise
+        except RunInterrupted:
+            pass  # a second signal during the workload: save what is there all the same
+        except BackendFailure as e:
+            failure = e
+    with stop.saving():
+        if spec.backend.kind == "engine":
+            backend.record_steps(None)
+        repetitions.close()
+        if expert_log is not None:
+            expert_log.write(repetitions.num_whole)
+        records = repetitions.records
+        points = None
+        if spec.backend.kind == "openai" and roof_setup is not None:
+            points = []
+            for number in range(1, repetitions.num_started + 1):
+                own = [r for r in records if r.repetition == number]
+                for p in run_roofs.estimated_points(spec, model_config, own):
+                    points.append({**p, "repetition": number})
+                    log.point(points[-1])
+        log.close()
+        log_warnings: list[str] = []
+        if server_log is not None:
+            records, log_warnings = server_log.attach(records)
+            rewrite_requests(folder, records)
+        if stop.signum is not None:
+            print("\ninterrupted: saving what was measured", file=sys.stderr)
+            reason: str | None = signal_name(stop.signum)
+        else:
+            reason = None if failure is None else str(failure)
+        result = finish(
+            start,
+            records,
+            read_steps(folder) if points is None else points,
+            repetitions.sessions,
+            replace(
+                start.telemetry,
+                notes=tuple(telemetry.notes),
+                summary=summarize_telemetry(telemetry.samples),
+            ),
+            monitor.load(),
+            reason,
+            num_repetitions=repetitions.num_started,
+            num_whole_repetitions=repetitions.num_whole,
+        )
+        if log_warnings:
+            warnings = [*result.summary["warnings"], *log_warnings]
+            result = replace(result, summary={**result.summary, "warnings": warnings})
+        if meter is not None:
+            result = client_load.attach(result, meter.block(client))
+        if quality is not None:  # `llmbench quality` of the run's configuration
+            result = replace(result, summary={**result.summary, "quality": quality})
+        write_results(folder, result)
+        (folder / START_FILE).unlink(missing_ok=True)  # results.json has all it had
+        print(format_summary(result), file=sys.stderr if point is not None else sys.stdout)
+        write_reports(folder)
+        print(folder, flush=True)
+    if failure is not None:
+        raise failure
+    if stop.signum is not None:
+        raise RunInterrupted(stop.signum)
+    return folder, failures.failure_verdict(result.summary, spec.max_failed_fraction, is_strict)
+
+
+def _open_backend(spec: RunSpec):
+    """The backend, the client-side tokenizer (the model's own, for exact prompt counts) and
+    the model's config (for the roofline)."""
+    if spec.backend.kind == "engine":
+        from llmbench.engine.engine import EngineConfig
+        from llmbench.engine.kv_dtype import KVCacheDtype
+        from llmbench.engine.speculative import SpeculativeConfig
+        from llmbench.harness.backends.engine import EngineBackend
+        from llmbench.harness.moe_offload import engine_offload
+
+        e = spec.engine
+        kv = e.kv_cache_dtype
+        kv_cache_dtype = KVCacheDtype(kv, kv) if isinstance(kv, str) else KVCacheDtype(kv.k, kv.v)
+        backend = EngineBackend(
+            EngineConfig(
+                model=spec.model,
+                dtype=spec.dtype,
+                device=spec.device,
+                block_size=e.block_size,
+                kv_cache_memory=e.kv_cache_memory,
+                max_num_batched_tokens=e.max_num_batched_tokens,
+                max_num_seqs=e.max_num_seqs,
+                enable_prefix_caching=e.prefix_caching,
+                num_threads=e.threads,
+                kv_cache_dtype=kv_cache_dtype,
+                quantize=e.quantize,
+                speculative=SpeculativeConfig(
+                    method=e.speculative.method,
+                    num_tokens=e.speculative.num_tokens,
+                    ngram_min=e.speculative.ngram_min,
+                    ngram_max=e.speculative.ngram_max,
+                    draft_model=e.speculative.draft_model,
+                ),
+                moe_offload=engine_offload(e.moe_offload, spec.device) if e.moe_offload else None,
+            )
+        )
+        return backend, backend.engine.tokenizer, backend.engine.model_config
+    if spec.backend.kind == "openai":
+        from llmbench.engine.weights import open_weights
+        from llmbench.harness.backends.openai import OpenAIBackend
+
+        weights = open_weights(spec.model)
+        tokenizer = weights.tokenizer()
+        backend = OpenAIBackend(
+            spec.backend.url,
+            model=spec.backend.served_model,
+            count_tokens=lambda text: len(tokenizer.encode(text)),
+            timeout_s=spec.backend.timeout_s,
+            headers=spec.backend.headers,
+            request_id_header=spec.backend.request_id_header,
+        )
+        return backend, tokenizer, weights.config
+    from llmbench.harness.backends.transformers import TransformersBackend
+
+    backend = TransformersBackend(spec.model, spec.dtype, spec.engine.threads)
+    return backend, backend.tokenizer, None
+
+
+def _kv_cache_info(backend) -> KVCacheInfo:
+    """The engine's K/V cache as the run uses it: formats, real bytes per token, tokens held."""
+    kv = backend.engine.kv_cache
+    return KVCacheInfo(
+        kv.kv_dtype.k, kv.kv_dtype.v, kv.bytes_per_token, kv.num_tokens, kv.num_bytes
+    )
+
+
+def _moe_offload_info(backend) -> MoEOffloadInfo | None:
+    """The engine's expert offloading as it runs (None: every expert resident)."""
+    offload = backend.engine.expert_offload
+    if offload is None:
+        return None
+    c = offload.config
+    return MoEOffloadInfo(
+        c.num_resident,
+        c.num_cached,
+        c.is_simulated,
+        c.link_bytes_per_s,
+        c.sleep,
+        offload.expert_bytes,
+        c.usage_profile,
+    )
+
+
+def _quantize_name(backend) -> str | None:
+    """The engine's weight quantization as `parse_quantize` reads it back (None: none)."""
+    scheme = backend.engine.quantize
+    return None if scheme is None else scheme.name
+
+
+async def _drive(
+    repetitions: Repetitions,
+    backend,
+    spec: RunSpec,
+    warmup: list[Session],
+    point: float | None,
+    stop: StopSignals,
+    on_started: Callable[[], object],
+    shard: shards.Shard | None = None,
+    meter: client_load.ClientMeter | None = None,
+) -> None:
+    stop.attach()
+    try:
+        try:
+            await backend.start()
+        except Exception as e:  # noqa: BLE001 — e.g. an unreachable server: the user's to fix
+            raise UserError(f"backend {spec.backend.kind}: {e}") from None
+        on_started()
+        await repetitions.warm_up(warmup)
+
+        def measure(driver: Driver, sessions: list[Session]):
+            work = _measure(driver, spec, sessions, point, shard)
+            return work if meter is None else meter.measure(work)
+
+        await repetitions.run(measure)
+    finally:
+        try:
+            await backend.close()
+        finally:
+            stop.drive_ended()
+
+
+async def _measure(
+    driver: Driver,
+    spec: RunSpec,
+    sessions: list[Session],
+    point: float | None,
+    shard: shards.Shard | None = None,
+):
+    """One repetition of the workload under the spec's load pattern (or the sweep's `point`).
+
+    A shard's `sessions` are its own; its arrivals are theirs in the whole schedule, its closed
+    loop its share of the concurrency (`shards`)."""
+    load = spec.load
+    start_at = shard.start_at if shard is not None else None
+    if load.kind == "concurrency":
+        concurrency = shards.concurrency_of(int(point or load.concurrency), shard)
+        await driver.run_closed_loop(sessions, concurrency, start_at)
+        return
+    rate = point or load.rate_per_s
+    n = spec.workload.sessions  # the whole schedule's sessions
+    if load.kind == "constant":
+        offsets = arrivals.constant_offsets(rate, n)
+    elif load.kind == "poisson":
+        offsets = arrivals.poisson_offsets(rate, n, spec.seed)
+    elif load.kind == "gamma":
+        offsets = arrivals.gamma_offsets(rate, load.burstiness, n, spec.seed)
+    else:
+        offsets = arrivals.trace_offsets(Path(load.trace))[:n]
+    offsets = shards.pick(offsets, shard)
+    sessions = sessions[: len(offsets)]  # a trace shorter than the workload
+    await driver.run_open_loop(sessions, offsets, start_at)

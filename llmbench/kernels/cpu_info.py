@@ -1,0 +1,49 @@
+"""What this CPU is: its name and feature flags, from /proc/cpuinfo (the one reader of it).
+
+The C++ extension picks its instruction set from the flags (`cpu_extension`); provenance and
+the measured roofs name the device by the model name. Where /proc/cpuinfo cannot be read (macOS,
+a sandbox) the name falls back to `platform` and the flags are empty. Imports no torch: the
+roof probes and provenance read it before torch is loaded.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The feature flags of the first processor in a /proc/cpuinfo text."""
+    return frozenset(_field(cpuinfo, "flags").split())
+
+
+def cpu_model_name(cpuinfo: str) -> str | None:
+    """The `model name` of the first processor in a /proc/cpuinfo text (None: not there)."""
+    return _field(cpuinfo, "model name") or None
+
+
+def this_cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags (empty where /proc/cpuinfo is not readable)."""
+    return cpu_flags(_read())
+
+
+def cpu_name() -> str:
+    """This machine's CPU model ("Intel(R) Xeon(R) Processor"), else what `platform` knows."""
+    return cpu_model_name(_read()) or platform.processor() or platform.machine()
+
+
+def _field(cpuinfo: str, name: str) -> str:
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def _read() -> str:
+    try:
+        return CPUINFO.read_text()
+    except OSError:
+        return ""
