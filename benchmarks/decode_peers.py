@@ -188,13 +188,13 @@ def main() -> None:
     if any(name in CT2 or name in LLAMA_CPP for name in names):
         check_peers_python(args.peers_python)
     torch.set_num_threads(args.threads)
-    from llmbench.harness import hardware
+    from llmbench.roofline import ceilings
 
     source = open_weights(MODEL)
     prompt_ids = source.tokenizer().encode_chat(PROMPT)
     load_before = os.getloadavg()[0]
     rows = load_rows(names, args, prompt_ids)
-    roofs = hardware.measure("cpu", budget_s=args.roof_budget_s, dtypes=())
+    roofs = ceilings.measure("cpu", budget_s=args.roof_budget_s, dtypes=())
     read = roofs["read_bytes_per_s"]
     started = time.perf_counter()
     generations = interleaved_rounds(rows, args.rounds)

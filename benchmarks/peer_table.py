@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmbench.harness import cost_model
-from llmbench.harness.hardware import exceeds_ceiling_line
+from llmbench.roofline import cost_model
+from llmbench.roofline.ceilings import exceeds_ceiling_line
 
 if TYPE_CHECKING:
     from llmbench.engine.config import ModelConfig

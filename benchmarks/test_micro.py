@@ -20,8 +20,9 @@ from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batc
 from llmbench.engine.presets import PRESETS
 from llmbench.engine.records import StepRecord
 from llmbench.engine.sampling import SamplingParams, make_generator, sample
-from llmbench.harness import metrics, roofline
+from llmbench.harness import metrics
 from llmbench.harness.records import RequestRecord
+from llmbench.roofline import analysis
 
 SMOLLM2 = PRESETS["smollm2-135m"]
 
@@ -44,7 +45,7 @@ def test_cost_model_over_10k_steps(benchmark):
         )
         for i in range(10_000)
     ]
-    points = benchmark(roofline.cost_steps, SMOLLM2, steps, 2, 2)
+    points = benchmark(analysis.cost_steps, SMOLLM2, steps, 2, 2)
     assert len(points) == 10_000
 
 

@@ -13,7 +13,7 @@ import click
 from llmbench.errors import UserError
 
 if TYPE_CHECKING:  # the harness is imported when the command runs
-    from llmbench.harness.compare_runs import RunPair
+    from llmbench.compare.runs import RunPair
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown appended here
 
@@ -64,10 +64,10 @@ def compare(
     regression measured on a busy machine is inconclusive unless --allow-busy. The Markdown is
     appended to $GITHUB_STEP_SUMMARY when it is set. JSON: a sweep's is {"has_regression",
     "points": [...]}, one object per point."""
-    from llmbench.harness import compare_sweep_output
-    from llmbench.harness.compare import compare as judge_gates
-    from llmbench.harness.compare_runs import pair_runs
-    from llmbench.harness.gates import default_gates, load_gates
+    from llmbench.compare import sweep_output
+    from llmbench.compare.gates import default_gates, load_gates
+    from llmbench.compare.runs import pair_runs
+    from llmbench.compare.verdict import compare as judge_gates
 
     gates = load_gates(gates_path) if gates_path is not None else default_gates()
     pairs = pair_runs(baseline, new, force=force)
@@ -89,9 +89,9 @@ def compare(
     for pair in pairs:
         for line in _notes(pair, uses_latency):
             click.echo(f"note: {line}", err=True)
-    click.echo(compare_sweep_output.render(points, fmt), nl=False)
+    click.echo(sweep_output.render(points, fmt), nl=False)
     if junit_path is not None:
-        _write(junit_path, compare_sweep_output.render_junit(points), "--junit")
+        _write(junit_path, sweep_output.render_junit(points), "--junit")
     if html_path is not None:
         from llmbench.reports.compare_page import render as render_page
 
@@ -101,7 +101,7 @@ def compare(
     if step_summary:
         _write(
             Path(step_summary),
-            compare_sweep_output.render_markdown(points) + "\n",
+            sweep_output.render_markdown(points) + "\n",
             f"${STEP_SUMMARY_ENV}",
             append=True,
         )
@@ -112,7 +112,7 @@ def compare(
                 click.echo(
                     f"{result.verdict}: {where}{result.gate.name}: {result.reason}", err=True
                 )
-    if compare_sweep_output.has_regression(points):
+    if sweep_output.has_regression(points):
         sys.exit(1)
 
 

@@ -17,7 +17,8 @@ def merge(shard_dirs: tuple[Path, ...], out: Path) -> None:
     results.json and the reports. Sweep folders are merged point by point."""
     from llmbench.harness.merge import merge as merge_shards
     from llmbench.harness.results import RESULTS_FILE
-    from llmbench.harness.run import format_summary, prepare_folder
+    from llmbench.harness.run_folder import prepare_folder
+    from llmbench.harness.summary_lines import format_summary
     from llmbench.reports.render import write_reports
 
     prepare_folder(out)

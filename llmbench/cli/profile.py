@@ -45,9 +45,9 @@ def profile(
     roofline: its time per step, bytes and FLOPs (the cost model's, op by op), achieved rates,
     the fraction of its roof and the time it loses against it; the step's total against its
     roofline bound, and the time no op holds (Python, dispatch)."""
-    from llmbench.harness import profile_table
-    from llmbench.harness.profile import ProfileSpec
-    from llmbench.harness.profile import profile as run_profile
+    from llmbench.roofline import profile_table
+    from llmbench.roofline.profile import ProfileSpec
+    from llmbench.roofline.profile import profile as run_profile
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"profile: --dtype {dtype}: use float32, bfloat16 or float16")
@@ -67,7 +67,7 @@ def profile(
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     import torch
 
-    from llmbench.harness import hardware
+    from llmbench.roofline import ceilings
 
     if threads:
         torch.set_num_threads(threads)
@@ -75,7 +75,7 @@ def profile(
     def say(message: str) -> None:
         click.echo(f"profile: {message}", err=True)
 
-    roofs = hardware.ceilings(
+    roofs = ceilings.ceilings(
         "cpu", first=dtype, progress=lambda probe: say(f"measuring the roofs: {probe}")
     )
     result = run_profile(spec, roofs, say)

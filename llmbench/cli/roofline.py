@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from llmbench.errors import UserError
-from llmbench.harness.cost_model import BYTES_PER_ELEM
+from llmbench.roofline.cost_model import BYTES_PER_ELEM
 
 
 @click.command("hardware")
@@ -21,13 +21,13 @@ def hardware_command(device: str, threads: int | None, refresh: bool, as_json: b
 
     import torch
 
-    from llmbench.harness import hardware
+    from llmbench.roofline import ceilings
 
     if threads:
         torch.set_num_threads(threads)
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("hardware --device cuda: no CUDA device is visible")
-    roofs = hardware.ceilings(device, refresh=refresh)
+    roofs = ceilings.ceilings(device, refresh=refresh)
     if as_json:
         click.echo(json.dumps(roofs, indent=2))
         return
@@ -134,8 +134,8 @@ def roofline(
     here with --hardware measured) are all it takes."""
     import json
 
-    from llmbench.harness import cost_model
-    from llmbench.harness.whatif import whatif_rows
+    from llmbench.roofline import cost_model
+    from llmbench.roofline.whatif import whatif_rows
 
     config = _model_config(model)
     # Weight-only GGUF formats are dequantised into 16-bit math; int8/int4/fp8 run int8 math.
@@ -210,7 +210,7 @@ def roofline(
 
 def _kv_bytes_per_elem(text: str, head_dim: int) -> float:
     """--kv-dtype as bytes per K/V element: a storage name for both, or k=NAME,v=NAME."""
-    from llmbench.harness.cost_model import kv_bytes_per_elem
+    from llmbench.roofline.cost_model import kv_bytes_per_elem
 
     sides = {"k": text.strip(), "v": text.strip()}
     if "=" in text:
@@ -229,9 +229,9 @@ def _peaks(hardware_name: str, flops_dtype: str) -> tuple[float, float, str]:
     if hardware_name == "measured":
         import torch
 
-        from llmbench.harness import hardware
+        from llmbench.roofline import ceilings
 
-        measured = hardware.ceilings("cuda" if torch.cuda.is_available() else "cpu")
+        measured = ceilings.ceilings("cuda" if torch.cuda.is_available() else "cpu")
         peak_flops = measured["matmul_flops_per_s"].get(flops_dtype)
         if peak_flops is None:
             raise UserError(f"roofline: no measured {flops_dtype} matmul rate on this machine")
@@ -256,7 +256,7 @@ def _model_config(model: str):
 
 
 def _hardware(name: str) -> dict:
-    from llmbench.harness.hardware import HARDWARE, datasheet
+    from llmbench.roofline.datasheets import HARDWARE, datasheet
 
     spec = datasheet(name)
     if spec is None:

@@ -85,7 +85,7 @@ def serve(
     from llmbench.engine.engine import EngineConfig, LLMEngine
     from llmbench.engine.kv_dtype import parse_kv_cache_dtype
     from llmbench.engine.speculative import parse_speculative
-    from llmbench.harness.serve import ServeConfig, run_server
+    from llmbench.serve import ServeConfig, run_server
 
     config = ServeConfig(
         served_model_name=served_model_name or model,

@@ -25,7 +25,8 @@ from pathlib import Path
 import psutil
 
 from llmbench.errors import UserError
-from llmbench.harness.results import ClientLoad, ClientProcess, ClockAnchor, RunResult
+from llmbench.harness.results import ClientLoad, ClientProcess, RunResult
+from llmbench.harness.shards import ClockAnchor
 
 SATURATED_BUSY = 0.8  # of one core: above this a single event loop starts to queue chunks
 MIN_THREAD_CPU_S = 0.01  # threads that used less are left out of `threads`

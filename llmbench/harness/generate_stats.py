@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from llmbench.harness import cost_model, roofline
+from llmbench.roofline import analysis, cost_model
 
 if TYPE_CHECKING:
     from llmbench.engine.config import ModelConfig
@@ -32,8 +32,8 @@ def decode_bytes_per_s(
     weight_bpp, lm_head_bpp = elem_bytes, None
     if weight_bytes is not None:
         weight_bpp, lm_head_bpp = cost_model.loaded_bytes_per_param(config, weight_bytes)
-    points = roofline.cost_steps(config, steps, weight_bpp, kv_bytes, draft, lm_head_bpp)
-    decode = roofline.phase_utilization(points, None, None).get("decode")
+    points = analysis.cost_steps(config, steps, weight_bpp, kv_bytes, draft, lm_head_bpp)
+    decode = analysis.phase_utilization(points, None, None).get("decode")
     return None if decode is None else decode["bytes_per_s"]
 
 

@@ -22,7 +22,6 @@ from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import (
     RESULTS_FILE,
     ClientLoad,
-    ClockAnchor,
     MachineLoad,
     RunResult,
     TelemetryInfo,
@@ -36,6 +35,7 @@ from llmbench.harness.run_summary import (
     rebuild,
     sessions_from_requests,
 )
+from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spec import spec_from_dict
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmbench.errors import UserError
-from llmbench.harness.datasheets import link_bandwidth
 from llmbench.harness.spec import MoEOffloadSpec
+from llmbench.roofline.datasheets import link_bandwidth
 
 if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
     from llmbench.engine.expert_offload import ExpertOffloadConfig

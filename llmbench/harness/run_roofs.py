@@ -43,7 +43,7 @@ class _RoofsProgress:
 def measured_roofs(spec: RunSpec, backend) -> HardwareCeilings | None:
     """The measured roofs of the run's device (engine; openai with `backend.hardware:
     measured`), before the workload, from the cache when it has them; None otherwise."""
-    from llmbench.harness import hardware
+    from llmbench.roofline import ceilings
 
     if spec.backend.kind == "engine":
         device_type = backend.engine.device.type
@@ -51,12 +51,12 @@ def measured_roofs(spec: RunSpec, backend) -> HardwareCeilings | None:
         device_type = "cpu"
     else:
         return None
-    budget_s = _roofs_budget_s(hardware.DEFAULT_BUDGET_S)
+    budget_s = _roofs_budget_s(ceilings.DEFAULT_BUDGET_S)
     show = _RoofsProgress(device_type, budget_s)
     t0 = time.perf_counter()
     roofs = from_plain(
         HardwareCeilings,
-        hardware.ceilings(device_type, budget_s=budget_s, first=spec.dtype, progress=show),
+        ceilings.ceilings(device_type, budget_s=budget_s, first=spec.dtype, progress=show),
         "hardware roofs",
     )
     took = f" in {time.perf_counter() - t0:.1f} s" if show.is_measuring else ""
@@ -95,12 +95,12 @@ def roofline_setup(
     """The roofline block of the run before it runs (no phases yet), and how to cost one
     engine step into its steps.jsonl line (engine backend only).
 
-    Engine backend: every engine step, costed (`roofline.cost_steps`), against the roofs
+    Engine backend: every engine step, costed (`analysis.cost_steps`), against the roofs
     measured on the engine's device. OpenAI backend: decode windows estimated at the end from
-    the client's token times (`roofline.estimate_decode_steps`), against the measured roofs or
+    the client's token times (`analysis.estimate_decode_steps`), against the measured roofs or
     the datasheet `backend.hardware` names. The transformers baseline has neither: None.
     """
-    from llmbench.harness import cost_model, hardware, roofline
+    from llmbench.roofline import analysis, cost_model, datasheets
 
     cost_step = None
     if spec.backend.kind == "engine":
@@ -116,18 +116,18 @@ def roofline_setup(
         draft = draft_model_of(engine)  # speculative decoding's draft model, if any
 
         def cost_step(step: Any) -> dict[str, Any]:
-            return roofline.cost_steps(
+            return analysis.cost_steps(
                 model_config, [step], elem_bytes, kv_elem_bytes, draft, lm_head_bytes
             )[0]
 
-        sheet_name = hardware.datasheet_name_of(measured.device) if measured else None
+        sheet_name = datasheets.datasheet_name_of(measured.device) if measured else None
     elif spec.backend.kind == "openai":
         dtype = spec.dtype
         elem_bytes = kv_elem_bytes = cost_model.BYTES_PER_ELEM[dtype]
         sheet_name = spec.backend.hardware if spec.backend.hardware != "measured" else None
     else:
         return None, None
-    sheet = hardware.datasheet(sheet_name) if sheet_name else None
+    sheet = datasheets.datasheet(sheet_name) if sheet_name else None
     datasheet_roofs = None
     if sheet is not None and sheet["flops_per_s"].get(dtype):
         source = f"datasheet {sheet_name}"
@@ -196,7 +196,7 @@ def server_weights(spec: RunSpec) -> tuple[float, str | None]:
     """A server's weight bytes per parameter for its estimated roofline, and how they are
     stored: `backend.weights` (a storage name), else `backend.weights_bytes_per_param` ("0.6
     bytes/param"), else unknown (None): the bytes then assume the spec's `dtype`."""
-    from llmbench.harness import cost_model
+    from llmbench.roofline import cost_model
 
     backend = spec.backend
     if backend.weights is not None:
@@ -210,9 +210,9 @@ def server_weights(spec: RunSpec) -> tuple[float, str | None]:
 def estimated_points(spec: RunSpec, model_config, records: list[RequestRecord]) -> list[dict]:
     """The openai backend's decode roofline points, estimated from the client's token times:
     the weights' bytes as `server_weights` says, the KV cache's as the spec's `dtype`."""
-    from llmbench.harness import cost_model, roofline
+    from llmbench.roofline import analysis, cost_model
 
     weight_bytes, _ = server_weights(spec)
     kv_bytes = cost_model.BYTES_PER_ELEM[spec.dtype]
     ok = [r for r in records if not r.is_warmup]
-    return roofline.estimate_decode_steps(model_config, ok, weight_bytes, kv_bytes)
+    return analysis.estimate_decode_steps(model_config, ok, weight_bytes, kv_bytes)

@@ -17,7 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from llmbench.harness import metrics, record_log, roofline, telemetry
+from llmbench.harness import metrics, record_log, telemetry
 from llmbench.harness.driver import SessionStats
 from llmbench.harness.experts import moe_summary
 from llmbench.harness.failures import DEFAULT_MAX_FAILED_FRACTION
@@ -35,6 +35,7 @@ from llmbench.harness.results import (
 from llmbench.harness.run_warnings import run_warnings
 from llmbench.harness.speculative_stats import speculative_summary
 from llmbench.harness.spread import spread
+from llmbench.roofline import analysis
 
 START_FILE = "run-start.json"
 KILLED = "killed: rebuilt from the record files by `llmbench report`"
@@ -113,7 +114,7 @@ def _summary_of(
     phases: dict[str, dict[str, float | None]] = {}
     if roof is not None:
         peaks = roof.roofs
-        phases = roofline.phase_utilization(
+        phases = analysis.phase_utilization(
             points, peaks and peaks.read_bytes_per_s, peaks and peaks.flops_per_s
         )
         summary["decode_mbu"] = phases.get("decode", {}).get("mbu")
@@ -181,7 +182,7 @@ def finish(
     )
     roofs = start.roofline.roofs if start.roofline is not None else None
     if roofs is not None:  # an achieved rate above its roof: no MBU/MFU, this line instead
-        summary["warnings"] += roofline.ceiling_warnings(
+        summary["warnings"] += analysis.ceiling_warnings(
             phases, roofs.read_bytes_per_s, roofs.flops_per_s, roofs.label
         )
     roof = start.roofline

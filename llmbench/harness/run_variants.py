@@ -20,7 +20,8 @@ from pathlib import Path
 
 from llmbench.errors import BackendFailure, UserError
 from llmbench.harness.failures import RunFailed
-from llmbench.harness.run import execute, prepare_folder
+from llmbench.harness.run import execute
+from llmbench.harness.run_folder import prepare_folder
 from llmbench.harness.run_signals import RunInterrupted, StopSignals
 from llmbench.harness.spec import RunSpec
 from llmbench.harness.variant_index import VariantEntry, VariantIndex, write_index

@@ -23,10 +23,10 @@ import yaml
 
 from llmbench.errors import UserError
 from llmbench.harness import shards
-from llmbench.harness.cost_model import BYTES_PER_ELEM
-from llmbench.harness.datasheets import HARDWARE, datasheet, link_bandwidth
 from llmbench.harness.metrics import SLO_METRICS
 from llmbench.harness.yaml_source import SpecError, located, read_yaml
+from llmbench.roofline.cost_model import BYTES_PER_ELEM
+from llmbench.roofline.datasheets import HARDWARE, datasheet, link_bandwidth
 
 
 @dataclass(frozen=True)

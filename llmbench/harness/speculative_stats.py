@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llmbench.harness.cost_model import DraftModel, loaded_bytes_per_param
+from llmbench.roofline.cost_model import DraftModel, loaded_bytes_per_param
 
 
 def speculative_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

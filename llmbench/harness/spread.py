@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmbench.harness.gates import LATENCY_FAMILIES, STATISTICS
+from llmbench.harness.metrics import LATENCY_FAMILIES, STATISTICS
 
 # One number per repetition: the rates, goodput, roofline fractions and the prefix hit rate.
 RUN_METRICS = (

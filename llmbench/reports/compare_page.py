@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmbench.harness.compare import Comparison, GateResult
-from llmbench.harness.compare_output import HEADER, gate_row
-from llmbench.harness.compare_runs import LoadedRun, RunPair
+from llmbench.compare.output import HEADER, gate_row
+from llmbench.compare.runs import LoadedRun, RunPair
+from llmbench.compare.verdict import Comparison, GateResult
 from llmbench.harness.results import Roofs
 from llmbench.reports.figure import BLUE, GREEN, ORANGE, RED, Plot, hover, new_axes, styled
 from llmbench.reports.html_report import Page, render_page

@@ -12,10 +12,10 @@ import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.ticker import MaxNLocator
 
-from llmbench.harness.cost_model import expected_experts_touched
 from llmbench.reports.figure import BLUE, GREY, RED, Plot, hover, new_axes, styled
 from llmbench.reports.plots import MAX_POINTS, PHASE_COLOURS, WIDE_IN
 from llmbench.reports.rundata import RunData
+from llmbench.roofline.cost_model import expected_experts_touched
 
 # Cells of a heatmap that get their own hover text; a bigger one (Qwen3-30B-A3B: 48 × 128) is
 # drawn as one image, its numbers in the caption, so the page stays small.

@@ -4,7 +4,7 @@ roofline point beside the one at its FLOPs per memory byte).
 
 The bandwidth is the simulated link's when the steps say their transfers were simulated
 (Σ link_bytes / Σ link_s_simulated: the rate the simulation charged), else the datasheet's host
-link of the run's device (`hardware.HARDWARE[...]["host_link_bytes_per_s"]`); None without one.
+link of the run's device (`datasheets.HARDWARE[...]["host_link_bytes_per_s"]`); None without one.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 
-from llmbench.harness import hardware
 from llmbench.reports.figure import PURPLE, hover
 from llmbench.reports.roofline_axes import draw_roof
 from llmbench.reports.rundata import RunData
 from llmbench.reports.tables import si
+from llmbench.roofline import datasheets
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def link_roof(run: RunData) -> LinkRoof | None:
         )
     sheet = ((run.results.get("roofline") or {}).get("datasheet_roofs") or {}).get("label", "")
     name = sheet.removeprefix("datasheet ")
-    spec = hardware.datasheet(name) if name else None
+    spec = datasheets.datasheet(name) if name else None
     if not spec or not spec.get("host_link_bytes_per_s"):
         return None
     return LinkRoof(spec["host_link_bytes_per_s"], f"host link (datasheet {name})", False)

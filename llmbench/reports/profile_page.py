@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from llmbench.harness.hardware import threads_text
 from llmbench.reports.figure import GREY, PALETTE, RED, Plot, hover, new_axes, styled
 from llmbench.reports.html_report import Page, render_page
 from llmbench.reports.roofline_axes import draw_roof, log_axes, marker_area, scatter_legend
 from llmbench.reports.tables import si
+from llmbench.roofline.ceilings import threads_text
 
 HEADER = (
     "op",

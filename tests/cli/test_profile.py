@@ -14,7 +14,7 @@ def write_roofs_cache(cache) -> None:
     """A cache entry for this machine's torch and threads: 10 GB/s read, 100 GFLOP/s."""
     import torch
 
-    from llmbench.harness import hardware
+    from llmbench.roofline import ceilings
 
     probe = {
         "size": 256 << 20,
@@ -37,15 +37,15 @@ def write_roofs_cache(cache) -> None:
         "torch": torch.__version__,
         "copy_bytes_per_s": 9e9,
         "read_bytes_per_s": 10e9,
-        "matmul_flops_per_s": {d: 100e9 for d in hardware.MATMUL_DTYPES},
+        "matmul_flops_per_s": {d: 100e9 for d in ceilings.MATMUL_DTYPES},
         "method": "best of hand-written runs",
         "notes": [],
         "probes": {"read": probe},
         "unsupported": [],
-        "format": hardware.CACHE_FORMAT,
+        "format": ceilings.CACHE_FORMAT,
     }
     key = f"cpu-{torch.get_num_threads()}threads-torch{torch.__version__}"
-    path = cache / "hardware" / hardware._cache_path(key).name
+    path = cache / "hardware" / ceilings._cache_path(key).name
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(entry))
 

@@ -46,14 +46,14 @@ def test_roofline_what_if_without_weights(tmp_path):
 
 
 def test_roofline_on_the_measured_roofs_of_this_machine():
-    from llmbench.harness import hardware
+    from llmbench.roofline import ceilings
 
     result = llmbench(
         "roofline", "-m", "smollm2-135m", "--hardware", "measured", "--batch", "1", "--json"
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    measured = hardware.ceilings("cpu")  # the cache the command filled or read
+    measured = ceilings.ceilings("cpu")  # the cache the command filled or read
     assert out["peak_bytes_per_s"] == measured["read_bytes_per_s"]
     assert out["peak_flops_per_s"] == measured["matmul_flops_per_s"]["bfloat16"]
     assert out["hardware"].startswith("measured")
@@ -124,7 +124,7 @@ def test_hardware_prints_every_probe_with_best_median_and_spread(tmp_path):
     and which probe it is, and the notes."""
     import torch
 
-    from llmbench.harness import hardware
+    from llmbench.roofline import ceilings
 
     def probe(name, method, unit, best, median, spread, converged=True):
         return {
@@ -159,10 +159,10 @@ def test_hardware_prints_every_probe_with_best_median_and_spread(tmp_path):
         "notes": [],
         "probes": probes,
         "unsupported": ["float32", "float16", "int8"],
-        "format": hardware.CACHE_FORMAT,
+        "format": ceilings.CACHE_FORMAT,
     }
     key = f"cpu-{torch.get_num_threads()}threads-torch{torch.__version__}"
-    path = hardware._cache_path(key).relative_to(hardware._cache_path(key).parents[1])
+    path = ceilings._cache_path(key).relative_to(ceilings._cache_path(key).parents[1])
     (tmp_path / path).parent.mkdir(parents=True)
     (tmp_path / path).write_text(json.dumps(entry))
     result = llmbench("hardware", cache=tmp_path)

@@ -344,8 +344,8 @@ def test_the_same_seeded_run_twice_on_one_server_warns_of_its_warm_prefix_cache(
     """`llmbench serve` keeps its prefix cache between runs: the first run's first turns hit
     only the system prompt the warm-up cached (no warning); the same run again finds its whole
     first prompts cached and says so."""
-    from llmbench.harness.serve import ServeConfig
-    from tests.harness.serve.helpers import serving, tiny_engine
+    from llmbench.serve import ServeConfig
+    from tests.serve.helpers import serving, tiny_engine
 
     workload = [
         "--set", "workload.turns=1", "--set", "workload.system_prompt_tokens=32",

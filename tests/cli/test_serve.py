@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.harness.serve.load import ServerProcess
+from tests.serve.load import ServerProcess
 
 TINY = ["--model", "synthetic:tiny", "--kv-cache-memory", str(4 * 2**20)]
 

@@ -18,7 +18,7 @@ from llmbench.engine.paged_attention import (
     build_attention_batch,
     paged_attention,
 )
-from llmbench.harness.cost_model import kv_bytes_per_elem
+from llmbench.roofline.cost_model import kv_bytes_per_elem
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 16, 4
 SCALE = 1 / math.sqrt(HEAD_DIM)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from llmbench.harness import metrics, roofline
+from llmbench.harness import metrics
 from llmbench.harness.record_log import RecordLog
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import (
@@ -36,6 +36,7 @@ from llmbench.harness.results import (
     write_results,
 )
 from llmbench.harness.spec import RunSpec
+from llmbench.roofline import analysis
 
 READ_BYTES_PER_S = 19e9
 FLOPS_PER_S = 98e9
@@ -106,7 +107,7 @@ def _step(phase: str, t_start: int, t_end: int, flops: float, num_bytes: float, 
 def _summary(records: list[RequestRecord], steps: list[dict], is_busy: bool) -> dict[str, Any]:
     """What a run writes as its summary: `metrics.summarize` plus the roofline phases."""
     summary = metrics.summarize(records)
-    phases = roofline.phase_utilization(steps, READ_BYTES_PER_S, FLOPS_PER_S)
+    phases = analysis.phase_utilization(steps, READ_BYTES_PER_S, FLOPS_PER_S)
     summary["sessions"] = {"num_sessions": 0}
     summary["machine_busy"] = is_busy
     summary["decode_mbu"] = phases["decode"]["mbu"]
@@ -164,7 +165,7 @@ def write_run(
     summary = _summary(everything, all_steps, is_busy)
     if num_repetitions is not None:
         summary["repetitions"] = per_repetition
-    phases = roofline.phase_utilization(all_steps, READ_BYTES_PER_S, FLOPS_PER_S)
+    phases = analysis.phase_utilization(all_steps, READ_BYTES_PER_S, FLOPS_PER_S)
     spec_dict = json.loads(json.dumps(spec.to_dict()))
     workload = json.dumps(spec_dict["workload"], sort_keys=True).encode()
     roofs = Roofs(f"{device_name} (measured)", READ_BYTES_PER_S, FLOPS_PER_S)

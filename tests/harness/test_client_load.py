@@ -12,7 +12,8 @@ import pytest
 
 from llmbench.errors import UserError
 from llmbench.harness import client_load
-from llmbench.harness.results import ClientLoad, ClientProcess, ClockAnchor, read_results
+from llmbench.harness.results import ClientLoad, ClientProcess, read_results
+from llmbench.harness.shards import ClockAnchor
 from tests.harness.synthetic_runs import write_run
 
 CLOCK = ClockAnchor(1, 1, 1, "h", "b")

@@ -182,8 +182,8 @@ def test_a_moe_run_writes_the_routing_of_each_repetition_without_the_warm_up(moe
 
 def test_a_moe_runs_steps_are_costed_with_the_experts_they_touched(moe_run):
     from llmbench.engine.presets import PRESETS
-    from llmbench.harness.cost_model import StepShape, step_cost
     from llmbench.harness.record_log import read_steps
+    from llmbench.roofline.cost_model import StepShape, step_cost
 
     config = PRESETS["tiny-moe"]
     decode = [s for s in read_steps(moe_run) if s["phase"] == "decode"]

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from llmbench.engine.presets import PRESETS
-from llmbench.harness.cost_model import StepShape, step_cost
 from llmbench.harness.generate_stats import decode_bytes_per_s, decode_tok_per_s, format_summary
+from llmbench.roofline.cost_model import StepShape, step_cost
 
 
 def _step(duration_ns: int, context: int, query: int) -> SimpleNamespace:

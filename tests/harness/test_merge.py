@@ -18,7 +18,6 @@ from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import (
     ClientLoad,
     ClientProcess,
-    ClockAnchor,
     Device,
     MachineLoad,
     Provenance,
@@ -28,6 +27,7 @@ from llmbench.harness.results import (
     write_results,
 )
 from llmbench.harness.run_summary import START_FILE
+from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spec import RunSpec
 
 S = 1_000_000_000

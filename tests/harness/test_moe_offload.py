@@ -6,13 +6,9 @@ from __future__ import annotations
 import pytest
 
 from llmbench.errors import UserError
-from llmbench.harness.moe_offload import (
-    engine_offload,
-    link_bandwidth,
-    link_line,
-    parse_moe_offload,
-)
+from llmbench.harness.moe_offload import engine_offload, link_line, parse_moe_offload
 from llmbench.harness.spec import MoEOffloadSpec, load_spec
+from llmbench.roofline.datasheets import link_bandwidth
 
 
 def test_the_compact_syntax():

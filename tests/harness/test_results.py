@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from llmbench.compare.runs import spec_differences
 from llmbench.errors import UserError
 from llmbench.harness import results
-from llmbench.harness.compare_runs import spec_differences
 from llmbench.harness.results import (
     Device,
     HardwareCeilings,

@@ -369,7 +369,7 @@ def test_the_spec_s_headers_and_request_id_header_reach_the_server(tmp_path):
 
 def test_prepare_folder_makes_it_or_names_it_in_one_line(tmp_path):
     from llmbench.errors import UserError
-    from llmbench.harness.run import prepare_folder
+    from llmbench.harness.run_folder import prepare_folder
 
     prepare_folder(tmp_path / "a" / "b")
     assert (tmp_path / "a" / "b").is_dir() and not any((tmp_path / "a" / "b").iterdir())
@@ -446,7 +446,7 @@ def test_the_summary_table_of_a_run_stopped_before_any_request():
     import dataclasses
 
     from llmbench.harness.metrics import summarize
-    from llmbench.harness.run import format_summary
+    from llmbench.harness.summary_lines import format_summary
     from tests.harness.test_results import a_result
 
     result = dataclasses.replace(
@@ -467,7 +467,7 @@ def test_the_summary_table_of_a_server_says_what_it_does_not_know():
     from llmbench.harness.metrics import summarize
     from llmbench.harness.records import RequestRecord, ServerTimings
     from llmbench.harness.results import Device, Phase
-    from llmbench.harness.run import format_summary
+    from llmbench.harness.summary_lines import format_summary
     from tests.harness.test_results import a_result
 
     record = RequestRecord(

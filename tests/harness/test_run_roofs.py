@@ -14,11 +14,11 @@ def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
     """A remote server on an H100: MBU of the estimated decode against the datasheet's 3.35
     TB/s; without `backend.hardware`, achieved numbers only."""
     from llmbench.engine.presets import PRESETS
-    from llmbench.harness.cost_model import decode_cost
     from llmbench.harness.records import RequestRecord
-    from llmbench.harness.roofline import phase_utilization
     from llmbench.harness.run_roofs import estimated_points, roofline_setup
     from llmbench.harness.spec import load_spec
+    from llmbench.roofline.analysis import phase_utilization
+    from llmbench.roofline.cost_model import decode_cost
 
     spec_file = tmp_path / "remote.yaml"
     spec_file.write_text("dtype: bfloat16\nbackend: {kind: openai, url: 'http://x/v1'}\n")
@@ -66,10 +66,10 @@ def test_a_servers_weights_set_the_estimated_decode_bytes(
     """A server running Q4_1 moves ~0.63 bytes per parameter, not bfloat16's 2: its estimated
     decode bandwidth follows `backend.weights`; the KV cache stays in the spec's dtype."""
     from llmbench.engine.presets import PRESETS
-    from llmbench.harness.cost_model import decode_cost
     from llmbench.harness.records import RequestRecord
     from llmbench.harness.run_roofs import estimated_points, roofline_setup
     from llmbench.harness.spec import load_spec
+    from llmbench.roofline.cost_model import decode_cost
 
     spec_file = tmp_path / "remote.yaml"
     spec_file.write_text("dtype: bfloat16\nbackend: {kind: openai, url: 'http://x/v1'}\n")

@@ -11,8 +11,7 @@ import pytest
 
 from llmbench.errors import UserError
 from llmbench.harness import shards
-from llmbench.harness.results import ClockAnchor
-from llmbench.harness.shards import Shard
+from llmbench.harness.shards import ClockAnchor, Shard
 from llmbench.harness.spec import ConcurrencyLoad, RateLoad, load_spec
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from llmbench.harness.compare import compare
-from llmbench.harness.compare_runs import pair_runs
-from llmbench.harness.gates import default_gates, parse_gates
+from llmbench.compare.gates import default_gates, parse_gates
+from llmbench.compare.runs import pair_runs
+from llmbench.compare.verdict import compare
 from llmbench.harness.results import read_results, write_results
 from llmbench.reports import compare_page
 from llmbench.reports.figure import BLUE, ORANGE, RED

@@ -12,9 +12,9 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.image import AxesImage
 
-from llmbench.harness.cost_model import expected_experts_touched
 from llmbench.reports import expert_plots, tables
 from llmbench.reports.rundata import RunData
+from llmbench.roofline.cost_model import expected_experts_touched
 from tests.harness.test_run import SMALL, llmbench
 from tests.reports.browser import open_in_chromium
 

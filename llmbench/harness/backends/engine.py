@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
+from llmbench.engine.client import EngineClient
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.records import StepRecord
 from llmbench.engine.sampling import SamplingParams
-from llmbench.harness.engine_client import EngineClient
 from llmbench.harness.records import GenerationRequest, StreamEvent
 
 

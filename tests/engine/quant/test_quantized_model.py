@@ -11,9 +11,9 @@ from llmbench.engine.quant.linear import Int8Linear, PackedInt4Linear, VnniLinea
 from llmbench.engine.records import StepRecord
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import UserError
-from llmbench.harness import cost_model
 from llmbench.harness.generate_stats import decode_bytes_per_s
 from llmbench.kernels import cpu_gemv
+from llmbench.roofline import cost_model
 from tests.engine.helpers import write_tiny_checkpoint
 
 SCHEMES = ["int8", "int4", "int4:64", "int4:128", "int4:sym"]

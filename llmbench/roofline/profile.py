@@ -1,0 +1,416 @@
+"""`llmbench profile`: where a step's time goes, op by op, against each op's own roof.
+
+Builds an `LLMEngine` on the CPU (the profiler records CPU activities), sets up `batch`
+sequences at `context` tokens (prefilled first, untimed), then runs real engine steps — decode
+steps of the whole batch, or prefill steps of `batch` prompts of `context` tokens — under
+`torch.profiler` (CPU activities, input shapes). Each step's top-level profiler events are
+attributed to the model's ops (`profile_ops.classify`), and each op is put on the roofline with
+its share of the cost model's bytes and FLOPs
+(`profile_costs.op_costs`: they add up to exactly `cost_model.step_cost` of the step):
+
+  achieved = bytes (FLOPs) / the op's time per step
+  bound    = max(bytes / read roof, FLOPs / matmul roof)   (the op's roofline time)
+  % roof   = bound / time;  time lost = time − bound
+
+and the step as a whole: its wall time (the profiler's span of `engine.step()`), the cost
+model's bound for it, the time no op holds (Python, dispatch, scheduling: wall − Σ ops), and
+its wall time without the profiler (the profiler's own overhead is the difference).
+
+Torch and the engine are imported inside the functions (harness layer rules).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmbench.errors import UserError
+from llmbench.roofline.ceilings import exceeds_ceiling_line
+from llmbench.roofline.cost_model import StepShape, loaded_bytes_per_param, step_cost
+from llmbench.roofline.profile_costs import OPS, OpCost, kernel_costs, op_costs
+from llmbench.roofline.profile_ops import OpEvent, classify
+
+STEP_SCOPE = "llmbench::step"  # the profiler span around each engine.step()
+PHASES = ("decode", "prefill")
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """What to profile: a model and dtype, each (batch, context) point, the phase, how many
+    measured steps per point (after `num_warmup_steps` unmeasured ones)."""
+
+    model: str
+    dtype: str = "bfloat16"
+    batches: tuple[int, ...] = (1,)
+    contexts: tuple[int, ...] = (1024,)
+    phase: str = "decode"
+    num_steps: int = 8
+    num_warmup_steps: int = 2
+    threads: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise UserError(f"profile: --phase {self.phase}: use decode or prefill")
+        if self.num_steps < 1 or self.num_warmup_steps < 0:
+            raise UserError("profile: --steps must be >= 1")
+        if not self.batches or min(self.batches) < 1 or not self.contexts:
+            raise UserError("profile: --batch and --context need values >= 1")
+        if self.phase == "decode" and min(self.contexts) < self.num_warmup_steps + 2:
+            raise UserError(
+                f"profile: --context {min(self.contexts)}: a decode needs at least "
+                f"{self.num_warmup_steps + 2} tokens of context"
+            )
+
+
+@dataclass(frozen=True)
+class ProfiledStep:
+    """One engine step under the profiler: its wall time, its top-level events, its record."""
+
+    wall_us: float
+    events: tuple[OpEvent, ...]
+    context_lens: tuple[int, ...]
+    query_lens: tuple[int, ...]
+
+
+def profile(
+    spec: ProfileSpec, roofs: dict[str, Any], say: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Profile every (batch, context) point of `spec` against `roofs` (`hardware.ceilings`).
+
+    Returns plain data: the model, the roofs used and where they came from, the machine's load
+    before and after, and per point its ops (`point_result`)."""
+    from llmbench.engine.engine import EngineConfig, LLMEngine
+    from llmbench.engine.weights import open_weights
+
+    say = say or (lambda message: None)
+    config = open_weights(spec.model).config
+    if config.num_experts:
+        raise UserError(f"profile: {spec.model} is a mixture of experts; profile a dense model")
+    extra = spec.num_warmup_steps + 2 * spec.num_steps + 2  # decode tokens past the context
+    longest = max(spec.contexts) + (extra if spec.phase == "decode" else 1)
+    if longest > config.max_position_embeddings:
+        raise UserError(
+            f"profile: --context {max(spec.contexts)} leaves no room for {extra} steps in the "
+            f"model's {config.max_position_embeddings}-token window; give a shorter context"
+        )
+    engine = LLMEngine(
+        EngineConfig(
+            model=spec.model,
+            dtype=spec.dtype,
+            device="cpu",  # the profiler records CPU activities: a GPU's kernels run async
+            max_num_seqs=max(spec.batches),
+            max_num_batched_tokens=max(
+                2048, max(spec.batches) * max(spec.contexts) if spec.phase == "prefill" else 0
+            ),
+            enable_prefix_caching=False,
+            num_threads=spec.threads,
+            kv_cache_memory=_kv_bytes(config, spec, longest),
+        )
+    )
+    import torch
+
+    # Op by op: a dense decode layer fused into one C++ call has no ops to attribute.
+    engine.model.fuse_decode_layers = False
+    weight_bpp, lm_head_bpp = loaded_bytes_per_param(config, engine.model.weight_bytes)
+    peaks = (roofs["read_bytes_per_s"], roofs["matmul_flops_per_s"].get(spec.dtype))
+    rng = random.Random(spec.seed)
+    load_before = os.getloadavg()[0]
+    points = []
+    for context in spec.contexts:
+        for batch in spec.batches:
+            say(f"{spec.phase}, batch {batch}, context {context}")
+            steps, unprofiled_ns = _run_point(engine, spec, batch, context, rng)
+            shapes = [
+                step_shape(s, weight_bpp, engine.kv_cache.bytes_per_elem, lm_head_bpp)
+                for s in steps
+            ]
+            point = point_result(config, steps, shapes, peaks, spec.dtype, engine.config.block_size)
+            point.update(
+                batch=batch,
+                context=context,
+                step_ms_unprofiled=statistics.mean(unprofiled_ns) / 1e6,
+            )
+            points.append(point)
+    return {
+        "model": spec.model,
+        "dtype": spec.dtype,
+        "phase": spec.phase,
+        "device": roofs["device"],
+        "threads": torch.get_num_threads(),
+        "num_steps": spec.num_steps,
+        "roofs": {
+            "read_bytes_per_s": peaks[0],
+            "flops_per_s": peaks[1],
+            "sources": {
+                "read_bytes_per_s": roofs["sources"].get("read_bytes_per_s", "probe read"),
+                "read": roofs["sources"].get("read", "?"),
+                "flops_per_s": roofs["sources"].get(spec.dtype, f"no {spec.dtype} matmul roof"),
+            },
+        },
+        "loadavg_1m_before": load_before,
+        "loadavg_1m_after": os.getloadavg()[0],
+        "cpu_count": os.cpu_count(),
+        "points": points,
+    }
+
+
+def step_shape(
+    step: ProfiledStep, weight_bpp: float, kv_bytes_per_elem: float, lm_head_bpp: float
+) -> StepShape:
+    """The cost model's view of a profiled step, as `roofline.cost_steps` builds it: each
+    sequence a chunk of q tokens ending at its context c."""
+    return StepShape(
+        prefill=tuple((c - q, q) for c, q in zip(step.context_lens, step.query_lens, strict=True)),
+        weight_bytes_per_param=weight_bpp,
+        kv_bytes_per_elem=kv_bytes_per_elem,
+        lm_head_bytes_per_param=lm_head_bpp,
+    )
+
+
+def _kv_bytes(config, spec: ProfileSpec, longest: int) -> int:
+    """A K/V cache that holds the largest point's sequences whole (prefill: its prompts)."""
+    from llmbench.engine.kv_cache import blocks_for
+    from llmbench.engine.kv_dtype import KVCacheDtype, bytes_per_token
+
+    block_size = 16  # EngineConfig's
+    elem = 4 if spec.dtype == "float32" else 2
+    per_token = bytes_per_token(
+        config.num_layers, config.num_kv_heads, config.head_dim, KVCacheDtype(), elem
+    )
+    tokens = max(spec.batches) * (blocks_for(longest, block_size) + 1) * block_size
+    return tokens * per_token
+
+
+def _requests(engine, batch: int, prompt_len: int, max_tokens: int, rng: random.Random) -> list:
+    """`batch` requests of random prompts (distinct: no prefix is shared), greedy, EOS ignored."""
+    from llmbench.engine.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    vocab = engine.model_config.vocab_size
+    return [
+        engine.add_request([rng.randrange(vocab) for _ in range(prompt_len)], params)
+        for _ in range(batch)
+    ]
+
+
+def _run_point(
+    engine, spec: ProfileSpec, batch: int, context: int, rng: random.Random
+) -> tuple[list[ProfiledStep], list[int]]:
+    """The profiled steps of one point and the wall times (ns) of as many steps unprofiled.
+
+    Decode: `batch` prompts of context − 1 − warm-up tokens are prefilled (untimed), then
+    `num_warmup_steps` decode steps, so the first profiled step runs at `context`. Prefill:
+    every step gets `batch` fresh prompts of `context` tokens, one token to generate."""
+    num_steps, num_warmup = spec.num_steps, spec.num_warmup_steps
+    if spec.phase == "decode":
+        max_tokens = 1 + num_warmup + 2 * num_steps + 1
+        ids = _requests(engine, batch, context - 1 - num_warmup, max_tokens, rng)
+        started: set[str] = set()
+        while len(started) < batch:  # the prefill: until every sequence has its first token
+            started |= {out.request_id for out in engine.step() if out.new_token_ids}
+        for _ in range(num_warmup):
+            engine.step()
+        steps = _profiled(engine, num_steps, lambda: None)
+        unprofiled = [_timed_step(engine) for _ in range(num_steps)]
+        for request_id in ids:
+            engine.abort(request_id)
+        engine.step()  # takes the aborts in: their blocks are free for the next point
+        expected_queries = (1,) * batch
+    else:
+
+        def add() -> None:
+            _requests(engine, batch, context, 1, rng)
+
+        for _ in range(num_warmup):
+            add()
+            engine.step()
+        steps = _profiled(engine, num_steps, add)
+        unprofiled = []
+        for _ in range(num_steps):
+            add()
+            unprofiled.append(_timed_step(engine))
+        expected_queries = (context,) * batch
+    for step in steps:
+        if step.query_lens != expected_queries:
+            raise UserError(
+                f"profile: a {spec.phase} step ran query lengths {step.query_lens[:4]}..., not "
+                f"{batch} x {expected_queries[0]}: the engine split the batch"
+            )
+    return steps, unprofiled
+
+
+def _timed_step(engine) -> int:
+    t0 = time.perf_counter_ns()
+    engine.step()
+    return time.perf_counter_ns() - t0
+
+
+def _profiled(engine, num_steps: int, before_each: Callable[[], None]) -> list[ProfiledStep]:
+    """`num_steps` engine steps under torch.profiler, each in a `STEP_SCOPE` span (what
+    `before_each` does stays out of it): each step's wall time and top-level events."""
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as torch_profile
+
+    records = []
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(num_steps):
+            before_each()
+            with record_function(STEP_SCOPE):
+                engine.step()
+            records.append(engine.step_records[-1])
+    events = prof.events()
+    scopes = sorted((e for e in events if e.name == STEP_SCOPE), key=lambda e: e.time_range.start)
+    children: dict[int, list] = {scope.id: [] for scope in scopes}
+    for event in events:
+        parent = event.cpu_parent
+        if parent is not None and parent.id in children:
+            children[parent.id].append(event)
+    steps = []
+    for scope, record in zip(scopes, records, strict=True):
+        top = sorted(children[scope.id], key=lambda e: e.time_range.start)
+        steps.append(
+            ProfiledStep(
+                wall_us=scope.time_range.elapsed_us(),
+                events=tuple(
+                    OpEvent(e.name, _shapes(e.input_shapes), e.time_range.elapsed_us()) for e in top
+                ),
+                context_lens=tuple(record.context_lens),
+                query_lens=tuple(record.query_lens),
+            )
+        )
+    return steps
+
+
+def _shapes(input_shapes: Sequence) -> tuple[tuple[int, ...], ...]:
+    """The profiler's input shapes as tuples of ints (a tensor list or scalar: ())."""
+    return tuple(
+        tuple(v for v in shape if isinstance(v, int)) if isinstance(shape, list) else ()
+        for shape in input_shapes
+    )
+
+
+def point_result(
+    config,
+    steps: Sequence[ProfiledStep],
+    shapes: Sequence[StepShape],
+    peaks: tuple[float, float | None],
+    dtype: str,
+    block_size: int,
+) -> dict[str, Any]:
+    """One point's table: per op (`OPS` order, ops with no event and no cost left out) its
+    calls and time per step, share of the step, bytes and FLOPs (mean of the steps' costs),
+    achieved rates, roofline bound, fraction of its roof and time lost; and the step's totals.
+
+    Formula: bound = max(bytes / read roof, FLOPs / matmul roof); roof_fraction = bound / time;
+    lost = time − bound; unattributed = step wall − Σ op times (per step, means over steps).
+    """
+    bandwidth, peak_flops = peaks
+    num_steps = len(steps)
+    time_us: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    aten: dict[str, Counter[str]] = {op: Counter() for op in OPS}
+    for step in steps:
+        for event, op in zip(step.events, classify(step.events, config), strict=True):
+            time_us[op] += event.duration_us
+            calls[op] += 1
+            aten[op][event.name] += 1
+    costs = _mean_costs([op_costs(config, shape) for shape in shapes])
+    kernel = _mean_costs([kernel_costs(config, shape, dtype, block_size) for shape in shapes])
+    whole = [step_cost(config, shape) for shape in shapes]
+    step_bytes = statistics.mean(c.bytes for c in whole)
+    step_flops = statistics.mean(c.flops for c in whole)
+    step_ms = statistics.mean(s.wall_us for s in steps) / 1e3
+
+    def bound_ms(num_bytes: float, flops: float) -> float:
+        return 1e3 * max(num_bytes / bandwidth, flops / peak_flops if peak_flops else 0.0)
+
+    ops = []
+    for op in OPS:
+        cost = costs.get(op, OpCost())
+        ms = time_us[op] / num_steps / 1e3
+        if not calls[op] and not cost.bytes and not cost.flops:
+            continue
+        bound = bound_ms(cost.bytes, cost.flops)
+        ops.append(
+            {
+                "op": op,
+                "calls_per_step": calls[op] / num_steps,
+                "ms_per_step": ms,
+                "share": ms / step_ms,
+                "bytes": cost.bytes,
+                "flops": cost.flops,
+                "bytes_per_s": cost.bytes / (ms / 1e3) if ms else None,
+                "flops_per_s": cost.flops / (ms / 1e3) if ms else None,
+                "bound_ms": bound,
+                "roof_fraction": bound / ms if ms else None,
+                "lost_ms": ms - bound,
+                "aten_ops": dict(aten[op].most_common()),
+                **(
+                    {"kernel_bytes": kernel[op].bytes, "kernel_flops": kernel[op].flops}
+                    if op in kernel
+                    else {}
+                ),
+            }
+        )
+    attributed_ms = sum(row["ms_per_step"] for row in ops)
+    step_bound = bound_ms(step_bytes, step_flops)
+    achieved = step_bytes / (step_ms / 1e3)
+    warnings = [
+        line
+        for line in (
+            exceeds_ceiling_line("step bandwidth", achieved, bandwidth, "GB/s", 1e9),
+            exceeds_ceiling_line(
+                "step FLOP/s", step_flops / (step_ms / 1e3), peak_flops, "GFLOP/s", 1e9
+            ),
+        )
+        if line is not None
+    ]
+    above = [row["op"] for row in ops if (row["roof_fraction"] or 0) > 1]
+    if above:
+        warnings.append(
+            f"above their own roof: {', '.join(above)} (their bytes came from cache, not "
+            "memory: the data is small enough to stay there between steps)"
+        )
+    return {
+        "ops": ops,
+        "step_ms": step_ms,
+        "bytes": step_bytes,
+        "flops": step_flops,
+        "bytes_per_s": achieved,
+        "flops_per_s": step_flops / (step_ms / 1e3),
+        "bound_ms": step_bound,
+        "roof_fraction": step_bound / step_ms,
+        "lost_ms": step_ms - step_bound,
+        "attributed_ms": attributed_ms,
+        "unattributed_ms": step_ms - attributed_ms,
+        "attributed_fraction": attributed_ms / step_ms,
+        "steps": [
+            {
+                "wall_ms": s.wall_us / 1e3,
+                "context_lens": list(s.context_lens),
+                "query_lens": list(s.query_lens),
+            }
+            for s in steps
+        ],
+        "warnings": warnings,
+    }
+
+
+def _mean_costs(per_step: Sequence[dict[str, OpCost]]) -> dict[str, OpCost]:
+    """The mean of each op's cost over the steps (ops every step has)."""
+    if not per_step or not per_step[0]:
+        return {}
+    return {
+        op: OpCost(
+            statistics.mean(costs[op].bytes for costs in per_step),
+            statistics.mean(costs[op].flops for costs in per_step),
+        )
+        for op in per_step[0]
+    }

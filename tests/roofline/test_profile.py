@@ -1,0 +1,132 @@
+"""`profile` on synthetic:tiny: real engine steps under torch.profiler, every event named, the
+ops' bytes and FLOPs adding up to the cost model's step, the time nobody holds reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmbench.engine.presets import PRESETS
+from llmbench.errors import UserError
+from llmbench.roofline import profile_table
+from llmbench.roofline.cost_model import StepShape, step_cost
+from llmbench.roofline.profile import ProfileSpec, profile
+from llmbench.roofline.profile_costs import OPS
+
+# Roofs given, not measured: 10 GB/s read, 100 GFLOP/s in every dtype.
+ROOFS = {
+    "device": "cpu0",
+    "read_bytes_per_s": 10e9,
+    "matmul_flops_per_s": {"float32": 100e9, "bfloat16": 100e9},
+    "sources": {"read": "given", "read_bytes_per_s": "probe read: given"},
+}
+
+
+@pytest.fixture(scope="module", params=[("bfloat16", "decode"), ("float32", "prefill")])
+def result(request):
+    dtype, phase = request.param
+    spec = ProfileSpec(
+        "synthetic:tiny",
+        dtype,
+        batches=(1, 3),
+        contexts=(24,),
+        phase=phase,
+        num_steps=2,
+        num_warmup_steps=1,
+    )
+    return profile(spec, ROOFS)
+
+
+def test_every_point_is_the_steps_it_asked_for(result):
+    assert [(p["batch"], p["context"]) for p in result["points"]] == [(1, 24), (3, 24)]
+    for point in result["points"]:
+        batch = point["batch"]
+        for k, step in enumerate(point["steps"]):
+            if result["phase"] == "decode":  # the first profiled step runs at the context
+                assert step["context_lens"] == [24 + k] * batch
+                assert step["query_lens"] == [1] * batch
+            else:  # a whole prompt of each sequence in one step
+                assert step["context_lens"] == step["query_lens"] == [24] * batch
+
+
+def test_the_ops_bytes_and_flops_add_up_to_the_cost_models_step(result):
+    """The cost model's step (weights in the run's dtype, tied lm_head: bytes per parameter
+    = the dtype's size; K/V in the model's dtype) from the steps' own shapes."""
+    size = {"bfloat16": 2, "float32": 4}[result["dtype"]]
+    for point in result["points"]:
+        costs = [
+            step_cost(
+                PRESETS["tiny"],
+                StepShape(
+                    prefill=tuple(
+                        (c - q, q) for c, q in zip(s["context_lens"], s["query_lens"], strict=True)
+                    ),
+                    weight_bytes_per_param=size,
+                    kv_bytes_per_elem=size,
+                ),
+            )
+            for s in point["steps"]
+        ]
+        expected_bytes = sum(c.bytes for c in costs) / len(costs)
+        expected_flops = sum(c.flops for c in costs) / len(costs)
+        assert sum(op["bytes"] for op in point["ops"]) == pytest.approx(expected_bytes)
+        assert sum(op["flops"] for op in point["ops"]) == pytest.approx(expected_flops)
+        assert point["bytes"] == pytest.approx(expected_bytes)
+
+
+def test_every_op_is_named_and_the_shares_leave_a_remainder(result):
+    for point in result["points"]:
+        names = [op["op"] for op in point["ops"]]
+        assert names == [op for op in OPS if op in names]  # forward order, known names
+        assert set(names) == set(OPS)  # the torch path runs every one of them
+        for op in point["ops"]:
+            assert op["calls_per_step"] > 0 and op["ms_per_step"] > 0
+            assert op["lost_ms"] == pytest.approx(op["ms_per_step"] - op["bound_ms"])
+            assert op["aten_ops"]
+        assert sum(op["share"] for op in point["ops"]) <= 1 + 1e-9
+        assert point["attributed_ms"] + point["unattributed_ms"] == pytest.approx(point["step_ms"])
+        assert point["unattributed_ms"] >= 0
+        assert point["attributed_fraction"] == pytest.approx(
+            point["attributed_ms"] / point["step_ms"]
+        )
+        assert point["step_ms_unprofiled"] > 0
+
+
+def test_the_bounds_are_the_roofs_over_bytes_and_flops(result):
+    for point in result["points"]:
+        for op in point["ops"]:
+            expected = 1e3 * max(op["bytes"] / 10e9, op["flops"] / 100e9)
+            assert op["bound_ms"] == pytest.approx(expected)
+        assert point["bound_ms"] == pytest.approx(
+            1e3 * max(point["bytes"] / 10e9, point["flops"] / 100e9)
+        )
+
+
+def test_the_table_has_a_row_per_op_and_the_remainder(result):
+    text = "\n".join(profile_table.lines(result))
+    point = result["points"][0]
+    rows = [line.split()[0] for line in profile_table.point_lines(point)[2:]]
+    assert rows[: len(OPS)] == list(OPS)
+    assert rows[len(OPS) : len(OPS) + 2] == ["attributed", "unattributed"]
+    assert "(Python, dispatch, scheduling)" in text
+    assert text.startswith(f"synthetic:tiny {result['dtype']}, {result['phase']}, 2 steps")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"phase": "train"}, "--phase train: use decode or prefill"),
+        ({"num_steps": 0}, "--steps must be >= 1"),
+        ({"batches": (0,)}, "--batch and --context need values >= 1"),
+        ({"contexts": (2,)}, "--context 2: a decode needs at least 4 tokens"),
+    ],
+)
+def test_a_bad_spec_is_a_user_error(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        ProfileSpec("synthetic:tiny", **kwargs)
+
+
+def test_a_context_past_the_window_and_a_mixture_of_experts_are_refused():
+    with pytest.raises(UserError, match="leaves no room for"):
+        profile(ProfileSpec("synthetic:tiny", contexts=(4090,)), ROOFS)
+    with pytest.raises(UserError, match="mixture of experts"):
+        profile(ProfileSpec("synthetic:tiny-moe"), ROOFS)

@@ -1,0 +1,49 @@
+"""Profiler events of the CPU 16-bit matmul extension (`kernels.cpu_gemv`): each call is the
+layer whose weight [out, in] it reads, as torch's matmuls are."""
+
+from __future__ import annotations
+
+from llmbench.engine.presets import PRESETS
+from llmbench.roofline.profile_ops import OpEvent, classify
+
+TINY = PRESETS["tiny"]  # h 64, q 64, kv 32, I 128, V 512, 2 layers
+GEMV = "llmbench_cpu_gemv_avx512bf16_0123456789ab::gemv"
+
+
+def test_extension_calls_are_named_by_their_weight_shape():
+    one_layer = [
+        (OpEvent("aten::rms_norm", ((1, 64), (), (64,)), 1.0), "rms_norm"),
+        (OpEvent(GEMV, ((1, 64), (128, 64), (), ()), 5.0), "qkv_proj"),
+        (OpEvent("aten::mul", ((1, 6, 8), (1, 1, 8)), 1.0), "rope"),
+        (OpEvent(GEMV, ((1, 64), (64, 64), (), (1, 64)), 4.0), "o_proj"),
+        (OpEvent(GEMV, ((1, 64), (256, 64), (), ()), 6.0), "gate_up_proj"),
+        (OpEvent("aten::silu", ((1, 128),), 1.0), "silu_mul"),
+        (OpEvent(GEMV, ((1, 128), (64, 128), (), (1, 64)), 3.0), "down_proj"),
+    ]
+    lm_head = [(OpEvent(GEMV, ((1, 64), (512, 64), (), ()), 9.0), "lm_head")]
+    events = one_layer * TINY.num_layers + lm_head
+    assert classify([e for e, _ in events], TINY) == [label for _, label in events]
+
+
+def test_extension_layer_ops_name_themselves():
+    ns = GEMV.removesuffix("::gemv")
+    one_layer = [
+        (OpEvent(f"{ns}::rms_norm", ((1, 64), (64,), ()), 1.0), "rms_norm"),
+        (OpEvent(GEMV, ((1, 64), (128, 64), (), ()), 5.0), "qkv_proj"),
+        (OpEvent("aten::slice", ((1, 128),), 0.5), "rope"),
+        (OpEvent(f"{ns}::rope_", ((1, 96), (1,), (256, 4, 2), ()), 1.0), "rope"),
+        (OpEvent("aten::index_copy_", ((64, 2, 4, 8), (), (1,), (1, 2, 4, 8)), 1.0), "kv_write"),
+        (OpEvent("aten::select", ((64, 2, 4, 8),), 0.5), "attention"),
+        (OpEvent(f"{ns}::paged_decode_attention", ((1, 8, 8), (64, 4, 8)), 3.0), "attention"),
+        (OpEvent(GEMV, ((1, 64), (64, 64), (), (1, 64)), 4.0), "o_proj"),
+        (OpEvent(f"{ns}::rms_norm", ((1, 64), (64,), ()), 1.0), "rms_norm"),
+        (OpEvent(GEMV, ((1, 64), (256, 64), (), ()), 6.0), "gate_up_proj"),
+        (OpEvent("aten::silu", ((1, 128),), 1.0), "silu_mul"),
+        (OpEvent(GEMV, ((1, 128), (64, 128), (), (1, 64)), 3.0), "down_proj"),
+    ]
+    final = [
+        (OpEvent(f"{ns}::rms_norm", ((1, 64), (64,), ()), 1.0), "rms_norm"),
+        (OpEvent(GEMV, ((1, 64), (512, 64), (), ()), 9.0), "lm_head"),
+    ]
+    events = one_layer * TINY.num_layers + final
+    assert classify([e for e, _ in events], TINY) == [label for _, label in events]
