@@ -72,7 +72,7 @@ def prune(
     after."""
     from llmbench.cli.run import _workload_path
     from llmbench.harness.moe_prune import PruneSettings, check_out, format_report, prune
-    from llmbench.harness.spec import load_spec
+    from llmbench.harness.spec_load import load_spec
 
     if keep < 1:
         raise UserError(f"moe prune: --keep must be >= 1, got {keep}")

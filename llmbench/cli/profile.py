@@ -45,6 +45,8 @@ def profile(
     roofline: its time per step, bytes and FLOPs (the cost model's, op by op), achieved rates,
     the fraction of its roof and the time it loses against it; the step's total against its
     roofline bound, and the time no op holds (Python, dispatch)."""
+    from llmbench.harness.engine_config import engine_config
+    from llmbench.harness.spec import EngineSpec
     from llmbench.roofline import profile_table
     from llmbench.roofline.profile import ProfileSpec
     from llmbench.roofline.profile import profile as run_profile
@@ -78,7 +80,8 @@ def profile(
     roofs = ceilings.ceilings(
         "cpu", first=dtype, progress=lambda probe: say(f"measuring the roofs: {probe}")
     )
-    result = run_profile(spec, roofs, say)
+    engine = engine_config(model, dtype, "cpu", EngineSpec(threads=threads))
+    result = run_profile(spec, engine, roofs, say)
     click.echo("\n".join(profile_table.lines(result)))
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2) + "\n")

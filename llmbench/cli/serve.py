@@ -82,9 +82,8 @@ def serve(
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions with tool calls,
     /v1/completions, /v1/models, /tokenize, /detokenize, /metrics, /health, /version)."""
-    from llmbench.engine.engine import EngineConfig, LLMEngine
-    from llmbench.engine.kv_dtype import parse_kv_cache_dtype
-    from llmbench.engine.speculative import parse_speculative
+    from llmbench.engine.engine import LLMEngine
+    from llmbench.harness.engine_config import engine_config, engine_spec_of_flags
     from llmbench.serve import ServeConfig, run_server
 
     config = ServeConfig(
@@ -94,20 +93,16 @@ def serve(
         record_dir=record_dir,
         vllm_metrics=vllm_metrics,
     )
-    engine = LLMEngine(
-        EngineConfig(
-            model=model,
-            dtype=dtype,
-            device=device,
-            num_threads=threads,
-            kv_cache_memory=kv_cache_memory,
-            max_num_seqs=max_num_seqs,
-            enable_prefix_caching=not no_prefix_caching,
-            kv_cache_dtype=parse_kv_cache_dtype(kv_cache_dtype),
-            speculative=parse_speculative(speculative),
-            quantize=quantize,
-        )
+    engine_spec = engine_spec_of_flags(
+        threads=threads,
+        kv_cache_memory=kv_cache_memory,
+        kv_cache_dtype=kv_cache_dtype,
+        speculative=speculative,
+        quantize=quantize,
+        max_num_seqs=max_num_seqs,
+        prefix_caching=not no_prefix_caching,
     )
+    engine = LLMEngine(engine_config(model, dtype, device, engine_spec))
     click.echo(
         f"llmbench serve: {engine.source_description}, {dtype} on {engine.device}; "
         f"{weights_line(engine)}; {kv_cache_line(engine.kv_cache)}; "

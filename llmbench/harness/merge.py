@@ -36,7 +36,7 @@ from llmbench.harness.run_summary import (
     sessions_from_requests,
 )
 from llmbench.harness.shards import ClockAnchor
-from llmbench.harness.spec import spec_from_dict
+from llmbench.harness.spec_load import spec_from_dict
 
 
 def shift_record(r: RequestRecord, delta_ns: int) -> RequestRecord:

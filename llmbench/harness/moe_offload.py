@@ -1,6 +1,7 @@
 """Expert offloading as a user writes it — `--moe-offload resident=4,cache=2,link=pcie4` or a
-spec's `engine.moe_offload` — turned into the engine's `ExpertOffloadConfig`, the link's
-bandwidth taken from the hardware table (`hardware.LINKS`).
+spec's `engine.moe_offload` — parsed into a `MoEOffloadSpec` (`engine_config` turns it into the
+engine's config, the link's bandwidth from the hardware table, `datasheets.LINKS`), and the
+summary line of the link traffic a run's steps recorded.
 
 Compact syntax, comma-separated: `resident=N` (experts per layer kept in device memory,
 required), `cache=C` (fetched experts kept per layer, LRU; default 0), `link=NAME|NUMBERGB/s|real`
@@ -18,7 +19,7 @@ from llmbench.harness.spec import MoEOffloadSpec
 from llmbench.roofline.datasheets import link_bandwidth
 
 if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
-    from llmbench.engine.expert_offload import ExpertOffloadConfig
+    pass
 
 DEFAULT_SIMULATED_LINK = "pcie4-x16"
 REAL_LINK = "real"  # copies over the machine's own link, timed: no simulated bandwidth
@@ -59,25 +60,6 @@ def parse_moe_offload(text: str) -> MoEOffloadSpec | None:
         link=link,
         profile=fields.get("profile"),
         sleep=fields.get("sleep") == "true",
-    )
-
-
-def engine_offload(spec: MoEOffloadSpec, device: str) -> ExpertOffloadConfig:
-    """The engine's config; a missing link is pcie4-x16 simulated unless the engine will run on
-    CUDA (`device` cuda, or auto with a GPU visible), where the copies are real."""
-    from llmbench.engine.engine import resolve_device
-    from llmbench.engine.expert_offload import ExpertOffloadConfig
-
-    link = spec.link
-    if link is None:
-        is_cuda = resolve_device(device).type == "cuda"
-        link = REAL_LINK if is_cuda else DEFAULT_SIMULATED_LINK
-    return ExpertOffloadConfig(
-        num_resident=spec.resident,
-        num_cached=spec.cache,
-        link_bytes_per_s=None if link == REAL_LINK else link_bandwidth(link),
-        usage_profile=spec.profile,
-        sleep=spec.sleep,
     )
 
 

@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Any
 from llmbench.errors import UserError
 from llmbench.harness import quality
 from llmbench.harness.driver import turn_messages
+from llmbench.harness.engine_config import engine_config
+from llmbench.harness.spec import EngineSpec, RunSpec
 from llmbench.harness.workloads import Tokens, build_sessions
 
 if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
     import torch
 
     from llmbench.engine.engine import LLMEngine
-    from llmbench.harness.spec import RunSpec
 
 PRUNING_FILE = "pruning.json"
 DECODE_ROUNDS = 3  # decode-speed requests per model, original and pruned in turn: the median
@@ -247,22 +248,20 @@ def _measure(
 
 
 def _engine(model: str, settings: PruneSettings) -> LLMEngine:
-    from llmbench.engine.engine import EngineConfig, LLMEngine
+    """An engine sized by the workload's engine block; its weights and K/V cache as loaded (the
+    block's quantisation, K/V formats, speculation and offloading are not the study's)."""
+    from llmbench.engine.engine import LLMEngine
 
     e = settings.spec.engine
-    return LLMEngine(
-        EngineConfig(
-            model=model,
-            dtype=settings.dtype,
-            device=settings.device,
-            block_size=e.block_size,
-            kv_cache_memory=e.kv_cache_memory,
-            max_num_batched_tokens=e.max_num_batched_tokens,
-            max_num_seqs=e.max_num_seqs,
-            enable_prefix_caching=e.prefix_caching,
-            num_threads=settings.threads or e.threads,
-        )
+    sized_only = EngineSpec(
+        block_size=e.block_size,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs,
+        prefix_caching=e.prefix_caching,
+        kv_cache_memory=e.kv_cache_memory,
+        threads=settings.threads or e.threads,
     )
+    return LLMEngine(engine_config(model, settings.dtype, settings.device, sized_only))
 
 
 def _torch_dtype(name: str) -> torch.dtype:

@@ -27,11 +27,14 @@ import math
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmbench.errors import UserError
+from llmbench.harness.engine_config import engine_config
+from llmbench.harness.engine_config import kv_cache_dtype as engine_kv_cache_dtype
+from llmbench.harness.spec import EngineSpec, KVCacheDtypeSpec
 
 if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
     import torch
@@ -294,7 +297,7 @@ def _open_engine(
     settings: QualitySettings, config: QualityConfig, model_config: Any, num_blocks: int
 ) -> LLMEngine:
     """An engine for one configuration, its K/V cache exactly `num_blocks` blocks."""
-    from llmbench.engine.engine import EngineConfig, LLMEngine, parse_dtype
+    from llmbench.engine.engine import LLMEngine, parse_dtype
     from llmbench.engine.kv_dtype import bytes_per_token
 
     mc = model_config
@@ -305,29 +308,23 @@ def _open_engine(
         config.kv_cache_dtype,
         parse_dtype(settings.dtype).itemsize,
     )
-    return LLMEngine(
-        EngineConfig(
-            model=settings.model,
-            dtype=settings.dtype,
-            device=settings.device,
-            num_threads=settings.threads,
-            block_size=settings.block_size,
-            kv_cache_memory=float(num_blocks * settings.block_size * per_token),
-            max_num_seqs=len(PROMPTS),
-            kv_cache_dtype=config.kv_cache_dtype,
-            quantize=config.quantize,
-        )
+    engine = EngineSpec(
+        block_size=settings.block_size,
+        max_num_seqs=len(PROMPTS),
+        threads=settings.threads,
+        kv_cache_dtype=KVCacheDtypeSpec(config.kv_cache_dtype.k, config.kv_cache_dtype.v),
+        quantize=config.quantize,
     )
+    exact = float(num_blocks * settings.block_size * per_token)
+    config = engine_config(settings.model, settings.dtype, settings.device, engine)
+    return LLMEngine(replace(config, kv_cache_memory=exact))
 
 
 def of_run(spec: RunSpec, progress: Callable[[str], None]) -> dict[str, Any]:
     """A run's `quality` block (`RunSpec.quality`): the run's engine configuration (weight
     quantisation, K/V formats) against the unquantised model, as `run_quality` gives it."""
-    from llmbench.engine.kv_dtype import KVCacheDtype
-
     q, e = spec.quality, spec.engine
-    kv = e.kv_cache_dtype
-    kv_cache_dtype = KVCacheDtype(kv, kv) if isinstance(kv, str) else KVCacheDtype(kv.k, kv.v)
+    kv_cache_dtype = engine_kv_cache_dtype(e.kv_cache_dtype)
     settings = QualitySettings(
         model=spec.model,
         dtype=spec.dtype,

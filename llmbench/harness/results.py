@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 from llmbench.errors import UserError
+from llmbench.harness import plain_data
 from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spread import spread
+from llmbench.harness.yaml_source import SpecError
 
 SCHEMA_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)  # 1 to 3 are migrated on read
@@ -386,7 +387,7 @@ def _spec_with_defaults(spec: dict[str, Any]) -> dict[str, Any]:
     """An older run's spec with the fields later versions added at their defaults (what that
     run did), so that `compare` sees the same benchmark where nothing but the version changed;
     as it was when it no longer reads as a spec."""
-    from llmbench.harness.spec import spec_from_dict
+    from llmbench.harness.spec_load import spec_from_dict
 
     try:
         filled = spec_from_dict(spec, "spec").to_dict()
@@ -396,57 +397,9 @@ def _spec_with_defaults(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_plain(cls: type, data: Any, where: str) -> Any:
-    """`data` (plain JSON values) as `cls`, a dataclass of this module; strict: a missing,
-    unexpected or mistyped key is a `UserError` naming `where` and the key path."""
-    return _convert(cls, data, where, "")
-
-
-def _convert(tp: Any, value: Any, where: str, key: str) -> Any:
-    def bad(expected: str) -> UserError:
-        return UserError(f"{where}: {key or 'the file'}: expected {expected}, got {value!r:.60}")
-
-    if tp is Any:
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise bad("an object")
-        hints = get_type_hints(tp)
-        known = {f.name: f for f in dataclasses.fields(tp)}
-        for name in value:
-            if name not in known:
-                raise UserError(f"{where}: {_join(key, name)}: not a key of this schema")
-        kwargs = {}
-        for name, f in known.items():
-            if name in value:
-                kwargs[name] = _convert(hints[name], value[name], where, _join(key, name))
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise UserError(f"{where}: {_join(key, name)}: missing")
-        return tp(**kwargs)
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        if value is None and len(args) < len(get_args(tp)):
-            return None
-        return _convert(args[0], value, where, key)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise bad("a list")
-        return tuple(
-            _convert(get_args(tp)[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)
-        )
-    if origin is Mapping or origin is dict:
-        if not isinstance(value, dict):
-            raise bad("an object")
-        item = get_args(tp)[1]
-        return {k: _convert(item, v, where, _join(key, k)) for k, v in value.items()}
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad("a number")
-        return value
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise bad(tp.__name__)
-    return value
-
-
-def _join(key: str, name: str) -> str:
-    return f"{key}.{name}" if key else name
+    """`data` (plain JSON values) as `cls`, a dataclass of this module; strict (`plain_data`):
+    a missing, unexpected or mistyped key is a `UserError` naming `where` and the key path."""
+    try:
+        return plain_data.from_plain(cls, data)
+    except SpecError as e:
+        raise UserError(f"{where}: {e}") from None

@@ -29,6 +29,7 @@ from llmbench.harness import (
 )
 from llmbench.harness.backends.server_log import ServerLog
 from llmbench.harness.driver import DriveOptions, Driver
+from llmbench.harness.engine_config import engine_config
 from llmbench.harness.experts import EXPERTS_FILE, snapshots_of
 from llmbench.harness.record_log import RecordLog, read_steps, rewrite_requests
 from llmbench.harness.results import (
@@ -221,38 +222,9 @@ def _open_backend(spec: RunSpec):
     """The backend, the client-side tokenizer (the model's own, for exact prompt counts) and
     the model's config (for the roofline)."""
     if spec.backend.kind == "engine":
-        from llmbench.engine.engine import EngineConfig
-        from llmbench.engine.kv_dtype import KVCacheDtype
-        from llmbench.engine.speculative import SpeculativeConfig
         from llmbench.harness.backends.engine import EngineBackend
-        from llmbench.harness.moe_offload import engine_offload
 
-        e = spec.engine
-        kv = e.kv_cache_dtype
-        kv_cache_dtype = KVCacheDtype(kv, kv) if isinstance(kv, str) else KVCacheDtype(kv.k, kv.v)
-        backend = EngineBackend(
-            EngineConfig(
-                model=spec.model,
-                dtype=spec.dtype,
-                device=spec.device,
-                block_size=e.block_size,
-                kv_cache_memory=e.kv_cache_memory,
-                max_num_batched_tokens=e.max_num_batched_tokens,
-                max_num_seqs=e.max_num_seqs,
-                enable_prefix_caching=e.prefix_caching,
-                num_threads=e.threads,
-                kv_cache_dtype=kv_cache_dtype,
-                quantize=e.quantize,
-                speculative=SpeculativeConfig(
-                    method=e.speculative.method,
-                    num_tokens=e.speculative.num_tokens,
-                    ngram_min=e.speculative.ngram_min,
-                    ngram_max=e.speculative.ngram_max,
-                    draft_model=e.speculative.draft_model,
-                ),
-                moe_offload=engine_offload(e.moe_offload, spec.device) if e.moe_offload else None,
-            )
-        )
+        backend = EngineBackend(engine_config(spec.model, spec.dtype, spec.device, spec.engine))
         return backend, backend.engine.tokenizer, backend.engine.model_config
     if spec.backend.kind == "openai":
         from llmbench.engine.weights import open_weights

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from llmbench.errors import UserError
-from llmbench.harness.spec import (
-    RunSpec,
+from llmbench.harness.spec import RunSpec
+from llmbench.harness.spec_load import (
     build_spec,
     override_value,
     read_spec_data,

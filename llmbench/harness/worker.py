@@ -75,7 +75,7 @@ def main(folder: Path) -> int:
     """Run the shard `worker.json` in `folder` describes; the exit code of `llmbench run`."""
     from llmbench.harness import run_point
     from llmbench.harness.run_signals import RunInterrupted, StopSignals
-    from llmbench.harness.spec import spec_from_dict
+    from llmbench.harness.spec_load import spec_from_dict
 
     channel = Channel(0, os.dup(1))
     os.dup2(2, 1)  # what the run prints goes to the log with the rest

@@ -27,14 +27,17 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from llmbench.errors import UserError
 from llmbench.roofline.ceilings import exceeds_ceiling_line
 from llmbench.roofline.cost_model import StepShape, loaded_bytes_per_param, step_cost
 from llmbench.roofline.profile_costs import OPS, OpCost, kernel_costs, op_costs
 from llmbench.roofline.profile_ops import OpEvent, classify
+
+if TYPE_CHECKING:  # the engine is imported lazily: the roofline layer loads without torch
+    from llmbench.engine.engine import EngineConfig
 
 STEP_SCOPE = "llmbench::step"  # the profiler span around each engine.step()
 PHASES = ("decode", "prefill")
@@ -80,13 +83,18 @@ class ProfiledStep:
 
 
 def profile(
-    spec: ProfileSpec, roofs: dict[str, Any], say: Callable[[str], None] | None = None
+    spec: ProfileSpec,
+    engine_config: EngineConfig,
+    roofs: dict[str, Any],
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Profile every (batch, context) point of `spec` against `roofs` (`hardware.ceilings`).
+    """Profile every (batch, context) point of `spec` against `roofs` (`ceilings.ceilings`),
+    on an engine of `engine_config` (the spec's model, dtype and threads, as
+    `harness.engine_config` translates them) sized here for the points, on the CPU.
 
     Returns plain data: the model, the roofs used and where they came from, the machine's load
     before and after, and per point its ops (`point_result`)."""
-    from llmbench.engine.engine import EngineConfig, LLMEngine
+    from llmbench.engine.engine import LLMEngine
     from llmbench.engine.weights import open_weights
 
     say = say or (lambda message: None)
@@ -100,17 +108,14 @@ def profile(
             f"profile: --context {max(spec.contexts)} leaves no room for {extra} steps in the "
             f"model's {config.max_position_embeddings}-token window; give a shorter context"
         )
+    batched = max(spec.batches) * max(spec.contexts) if spec.phase == "prefill" else 0
     engine = LLMEngine(
-        EngineConfig(
-            model=spec.model,
-            dtype=spec.dtype,
+        replace(
+            engine_config,
             device="cpu",  # the profiler records CPU activities: a GPU's kernels run async
             max_num_seqs=max(spec.batches),
-            max_num_batched_tokens=max(
-                2048, max(spec.batches) * max(spec.contexts) if spec.phase == "prefill" else 0
-            ),
+            max_num_batched_tokens=max(2048, batched),
             enable_prefix_caching=False,
-            num_threads=spec.threads,
             kv_cache_memory=_kv_bytes(config, spec, longest),
         )
     )

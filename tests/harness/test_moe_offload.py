@@ -1,14 +1,14 @@
-"""`--moe-offload` and `engine.moe_offload`: the compact syntax, the link names, the engine
-config they make, and the spec's checks."""
+"""`--moe-offload` and `engine.moe_offload`: the compact syntax, the link line, and the spec's
+checks (the engine config they make: test_engine_config)."""
 
 from __future__ import annotations
 
 import pytest
 
 from llmbench.errors import UserError
-from llmbench.harness.moe_offload import engine_offload, link_line, parse_moe_offload
-from llmbench.harness.spec import MoEOffloadSpec, load_spec
-from llmbench.roofline.datasheets import link_bandwidth
+from llmbench.harness.moe_offload import link_line, parse_moe_offload
+from llmbench.harness.spec import MoEOffloadSpec
+from llmbench.harness.spec_load import load_spec
 
 
 def test_the_compact_syntax():
@@ -32,24 +32,6 @@ def test_the_compact_syntax():
 def test_bad_compact_syntax_is_one_user_error(text, fragment):
     with pytest.raises(UserError, match=fragment):
         parse_moe_offload(text)
-
-
-def test_link_bandwidths_from_the_hardware_table_or_a_number():
-    assert link_bandwidth("pcie4-x16") == link_bandwidth("pcie4") == 32e9
-    assert link_bandwidth("pcie3") == 16e9
-    assert link_bandwidth("12.5GB/s") == 12.5e9
-    for bad in ("12.5", "0GB/s", "fastGB/s"):
-        with pytest.raises(UserError):
-            link_bandwidth(bad)
-
-
-def test_the_engine_config_on_a_cpu_simulates_pcie4_by_default():
-    config = engine_offload(MoEOffloadSpec(resident=4, cache=1), "cpu")
-    assert (config.num_resident, config.num_cached) == (4, 1)
-    assert config.link_bytes_per_s == 32e9 and config.is_simulated and not config.sleep
-    assert engine_offload(MoEOffloadSpec(4, link="25GB/s", sleep=True), "cpu").sleep
-    real = engine_offload(MoEOffloadSpec(resident=4, link="real"), "cpu")
-    assert real.link_bytes_per_s is None  # the engine refuses it on a CPU
 
 
 def test_link_line_totals_the_steps():

@@ -17,7 +17,7 @@ from llmbench.harness.moe_prune import (
     format_report,
     prune,
 )
-from llmbench.harness.spec import load_spec
+from llmbench.harness.spec_load import load_spec
 from llmbench.harness.workloads import Tokens, build_sessions
 
 TINY_MOE = "synthetic:tiny-moe"

@@ -397,7 +397,7 @@ def test_an_engine_crash_ends_the_run_with_its_error_and_keeps_the_results(
     from llmbench.engine import model, runner
     from llmbench.errors import BackendFailure
     from llmbench.harness.run import execute
-    from llmbench.harness.spec import load_spec
+    from llmbench.harness.spec_load import load_spec
     from llmbench.workloads import __file__ as workloads_init
 
     if where == "forward":

@@ -16,7 +16,7 @@ def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
     from llmbench.engine.presets import PRESETS
     from llmbench.harness.records import RequestRecord
     from llmbench.harness.run_roofs import estimated_points, roofline_setup
-    from llmbench.harness.spec import load_spec
+    from llmbench.harness.spec_load import load_spec
     from llmbench.roofline.analysis import phase_utilization
     from llmbench.roofline.cost_model import decode_cost
 
@@ -68,7 +68,7 @@ def test_a_servers_weights_set_the_estimated_decode_bytes(
     from llmbench.engine.presets import PRESETS
     from llmbench.harness.records import RequestRecord
     from llmbench.harness.run_roofs import estimated_points, roofline_setup
-    from llmbench.harness.spec import load_spec
+    from llmbench.harness.spec_load import load_spec
     from llmbench.roofline.cost_model import decode_cost
 
     spec_file = tmp_path / "remote.yaml"

@@ -15,7 +15,7 @@ import pytest
 from llmbench.harness import metrics, record_log
 from llmbench.harness.results import read_results
 from llmbench.harness.run import execute
-from llmbench.harness.spec import load_spec
+from llmbench.harness.spec_load import load_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TTFT_MS, TPOT_MS = 20.0, 5.0

@@ -12,7 +12,8 @@ import pytest
 from llmbench.errors import UserError
 from llmbench.harness import shards
 from llmbench.harness.shards import ClockAnchor, Shard
-from llmbench.harness.spec import ConcurrencyLoad, RateLoad, load_spec
+from llmbench.harness.spec import ConcurrencyLoad, RateLoad
+from llmbench.harness.spec_load import load_spec
 
 
 def test_pick_is_round_robin_and_the_shards_add_up_to_the_whole():

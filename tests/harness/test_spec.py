@@ -19,8 +19,8 @@ from llmbench.harness.spec import (
     RagWorkload,
     RateLoad,
     TraceLoad,
-    load_spec,
 )
+from llmbench.harness.spec_load import load_spec
 
 SHIPPED = Path(__file__).resolve().parents[2] / "workloads"
 

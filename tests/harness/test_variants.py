@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmbench.errors import UserError
-from llmbench.harness.spec import load_spec
+from llmbench.harness.spec_load import load_spec
 from llmbench.harness.variants import (
     describe,
     folder_name,

@@ -9,8 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from llmbench.roofline import ceilings, datasheets
-from llmbench.roofline.datasheets import HARDWARE
+from llmbench.roofline import ceilings
 
 
 def test_measured_bandwidth_is_within_10x_of_a_numpy_copy():
@@ -198,39 +197,6 @@ def test_a_complete_cache_measures_nothing(tmp_path, monkeypatch):
     assert roofs["notes"] == ["matmul float16: torch has none on this device"]
     ceilings.ceilings("cpu")
     assert len(calls) == 1  # float16 is known to be missing: not tried again
-
-
-def test_hardware_table_is_data():
-    keys = {
-        "memory_bandwidth_bytes_per_s",
-        "flops_per_s",
-        "memory_bytes",
-        "interconnect",
-        "host_link_bytes_per_s",
-    }
-    dtypes = {"float32", "bfloat16", "float16", "int8"}
-    for name, spec in HARDWARE.items():
-        assert set(spec) == keys, name
-        assert set(spec["flops_per_s"]) == dtypes, name
-    assert HARDWARE["H100-SXM"]["memory_bandwidth_bytes_per_s"] == 3.35e12
-    assert HARDWARE["H100-SXM"]["flops_per_s"]["bfloat16"] == 989e12
-
-
-@pytest.mark.parametrize(
-    "device, key",
-    [
-        ("NVIDIA H100 80GB HBM3", "H100-SXM"),
-        ("NVIDIA H100 PCIe", "H100-PCIe"),
-        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
-        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
-        ("NVIDIA L4", "L4"),
-        ("NVIDIA L40S", "L40S"),
-        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
-        ("AMD EPYC 7B13 64-Core Processor", None),
-    ],
-)
-def test_device_names_map_to_their_datasheet(device, key):
-    assert datasheets.datasheet_name_of(device) == key
 
 
 def test_a_cache_from_before_the_probes_had_spreads_is_measured_again(tmp_path, monkeypatch):

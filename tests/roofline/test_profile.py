@@ -7,6 +7,8 @@ import pytest
 
 from llmbench.engine.presets import PRESETS
 from llmbench.errors import UserError
+from llmbench.harness.engine_config import engine_config
+from llmbench.harness.spec import EngineSpec
 from llmbench.roofline import profile_table
 from llmbench.roofline.cost_model import StepShape, step_cost
 from llmbench.roofline.profile import ProfileSpec, profile
@@ -21,6 +23,11 @@ ROOFS = {
 }
 
 
+def _engine(spec: ProfileSpec):
+    """The engine config `llmbench profile` hands `profile` for `spec`."""
+    return engine_config(spec.model, spec.dtype, "cpu", EngineSpec(threads=spec.threads))
+
+
 @pytest.fixture(scope="module", params=[("bfloat16", "decode"), ("float32", "prefill")])
 def result(request):
     dtype, phase = request.param
@@ -33,7 +40,7 @@ def result(request):
         num_steps=2,
         num_warmup_steps=1,
     )
-    return profile(spec, ROOFS)
+    return profile(spec, _engine(spec), ROOFS)
 
 
 def test_every_point_is_the_steps_it_asked_for(result):
@@ -127,6 +134,8 @@ def test_a_bad_spec_is_a_user_error(kwargs, message):
 
 def test_a_context_past_the_window_and_a_mixture_of_experts_are_refused():
     with pytest.raises(UserError, match="leaves no room for"):
-        profile(ProfileSpec("synthetic:tiny", contexts=(4090,)), ROOFS)
+        spec = ProfileSpec("synthetic:tiny", contexts=(4090,))
+        profile(spec, _engine(spec), ROOFS)
     with pytest.raises(UserError, match="mixture of experts"):
-        profile(ProfileSpec("synthetic:tiny-moe"), ROOFS)
+        spec = ProfileSpec("synthetic:tiny-moe")
+        profile(spec, _engine(spec), ROOFS)

@@ -1,0 +1,114 @@
+"""The one translation from what a user configured to the engine's `EngineConfig`.
+
+A run spec's `model`, `dtype`, `device` and `engine` block — or the same settings given as
+command-line flags (`engine_spec_of_flags`, for `generate` and `serve`) — become the frozen
+`EngineConfig` the engine takes. Studies that size an engine themselves (`quality`'s exact K/V
+cache, `profile`'s batch) start from this config and `dataclasses.replace` what they size.
+The engine is imported inside the functions: the harness loads without torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmbench.harness.moe_offload import DEFAULT_SIMULATED_LINK, REAL_LINK
+from llmbench.harness.spec import EngineSpec, KVCacheDtypeSpec, MoEOffloadSpec, SpeculativeSpec
+from llmbench.roofline.datasheets import link_bandwidth
+
+if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
+    from llmbench.engine.engine import EngineConfig
+    from llmbench.engine.expert_offload import ExpertOffloadConfig
+    from llmbench.engine.kv_dtype import KVCacheDtype
+
+
+def engine_config(model: str, dtype: str, device: str, engine: EngineSpec) -> EngineConfig:
+    """The engine's config for `model` in `dtype` on `device` with the `engine` settings."""
+    from llmbench.engine.engine import EngineConfig
+    from llmbench.engine.speculative import SpeculativeConfig
+
+    s = engine.speculative
+    offload = engine.moe_offload
+    return EngineConfig(
+        model=model,
+        dtype=dtype,
+        device=device,
+        block_size=engine.block_size,
+        kv_cache_memory=engine.kv_cache_memory,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=engine.max_num_seqs,
+        enable_prefix_caching=engine.prefix_caching,
+        num_threads=engine.threads,
+        kv_cache_dtype=kv_cache_dtype(engine.kv_cache_dtype),
+        quantize=engine.quantize,
+        speculative=SpeculativeConfig(
+            method=s.method,
+            num_tokens=s.num_tokens,
+            ngram_min=s.ngram_min,
+            ngram_max=s.ngram_max,
+            draft_model=s.draft_model,
+        ),
+        moe_offload=None if offload is None else moe_offload_config(offload, device),
+    )
+
+
+def kv_cache_dtype(value: str | KVCacheDtypeSpec) -> KVCacheDtype:
+    """A spec's `engine.kv_cache_dtype` (one format, or keys and values apart) for the engine."""
+    from llmbench.engine.kv_dtype import KVCacheDtype
+
+    if isinstance(value, str):
+        return KVCacheDtype(value, value)
+    return KVCacheDtype(value.k, value.v)
+
+
+def moe_offload_config(spec: MoEOffloadSpec, device: str) -> ExpertOffloadConfig:
+    """The engine's offload config; a missing link is pcie4-x16 simulated unless the engine will
+    run on CUDA (`device` cuda, or auto with a GPU visible), where the copies are real."""
+    from llmbench.engine.engine import resolve_device
+    from llmbench.engine.expert_offload import ExpertOffloadConfig
+
+    link = spec.link
+    if link is None:
+        is_cuda = resolve_device(device).type == "cuda"
+        link = REAL_LINK if is_cuda else DEFAULT_SIMULATED_LINK
+    return ExpertOffloadConfig(
+        num_resident=spec.resident,
+        num_cached=spec.cache,
+        link_bytes_per_s=None if link == REAL_LINK else link_bandwidth(link),
+        usage_profile=spec.profile,
+        sleep=spec.sleep,
+    )
+
+
+def engine_spec_of_flags(
+    *,
+    threads: int | None,
+    kv_cache_memory: float | None,
+    kv_cache_dtype: str,
+    speculative: str,
+    quantize: str | None,
+    block_size: int = EngineSpec.block_size,
+    max_num_seqs: int = EngineSpec.max_num_seqs,
+    prefix_caching: bool = EngineSpec.prefix_caching,
+    moe_offload: MoEOffloadSpec | None = None,
+) -> EngineSpec:
+    """The `engine` block a command's flags describe (`--kv-cache-dtype k=int8,v=int4`,
+    `--speculative ngram:4`, ...), parsed with the engine's own parsers so that a flag and a
+    spec key accept the same text."""
+    from llmbench.engine.kv_dtype import parse_kv_cache_dtype
+    from llmbench.engine.speculative import parse_speculative
+
+    kv = parse_kv_cache_dtype(kv_cache_dtype)
+    s = parse_speculative(speculative)
+    return EngineSpec(
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        prefix_caching=prefix_caching,
+        kv_cache_memory=kv_cache_memory,
+        threads=threads,
+        kv_cache_dtype=KVCacheDtypeSpec(kv.k, kv.v),
+        speculative=SpeculativeSpec(
+            s.method, s.num_tokens, s.ngram_min, s.ngram_max, s.draft_model
+        ),
+        quantize=quantize,
+        moe_offload=moe_offload,
+    )

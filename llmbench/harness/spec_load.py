@@ -1,0 +1,305 @@
+"""A workload YAML (or a results file's spec) → a checked `RunSpec`.
+
+The YAML is read with the line of every key (`yaml_source`), `--set key.path=value` overrides
+are applied, the data is converted strictly (`plain_data`) and checked for values that are
+well-typed but impossible (`load.rate_per_s: must be > 0`); every mistake is one line with the
+file, the key path and the line: `workloads/x.yaml:12: load.rate_per_s: must be > 0, got -1`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmbench.errors import UserError
+from llmbench.harness import shards
+from llmbench.harness.metrics import SLO_METRICS
+from llmbench.harness.plain_data import from_plain
+from llmbench.harness.spec import (
+    AgenticWorkload,
+    BackendSpec,
+    ConcurrencyLoad,
+    Dist,
+    GammaLoad,
+    LoadSpec,
+    RagWorkload,
+    RateLoad,
+    RunSpec,
+    TraceLoad,
+    WorkloadSpec,
+)
+from llmbench.harness.yaml_source import SpecError, located, read_yaml
+from llmbench.roofline.cost_model import BYTES_PER_ELEM
+from llmbench.roofline.datasheets import HARDWARE, datasheet, link_bandwidth
+
+
+def load_spec(path: Path, overrides: list[str] = ()) -> RunSpec:
+    """Read a workload YAML, apply `key.path=value` overrides, and check everything."""
+    data, lines = read_spec_data(path, overrides)
+    try:
+        return build_spec(data)
+    except SpecError as e:
+        raise located(e, str(path), lines) from None
+
+
+def read_spec_data(path: Path, overrides: list[str] = ()) -> tuple[dict[str, Any], dict[str, int]]:
+    """A workload YAML as plain data with the `key.path=value` overrides set (not yet checked),
+    and the line of every key path in it (0: set by an override)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror}); give a workload YAML") from None
+    data, lines = read_yaml(text, str(path))
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level must be a mapping of keys")
+    for override in overrides:
+        key, raw = split_override(override, "--set")
+        try:
+            set_path(data, key, override_value(raw, f"--set {override}"))
+        except SpecError as e:
+            raise UserError(f"--set {e.path}: {e.reason}") from None
+        lines[key] = 0
+    return data, lines
+
+
+def split_override(text: str, option: str, form: str = "key.path=value") -> tuple[str, str]:
+    """`key.path=value` as typed after `option` (`--set`, `--vary`): the key and the raw value."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"{option} {text}: expected {form}")
+    return key.strip(), raw
+
+
+def override_value(raw: str, where: str) -> Any:
+    """An override's value read as YAML (`8`, `true`, `int4:64`, `{k: int8, v: int4}`); nothing:
+    null. Malformed YAML is one line naming `where`."""
+    try:
+        return yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise UserError(f"{where}: not a YAML value ({getattr(e, 'problem', e)})") from None
+
+
+def build_spec(data: dict[str, Any]) -> RunSpec:
+    """Spec data (a YAML read, overrides set) as a checked `RunSpec`; a problem is a
+    `SpecError` naming its key path."""
+    spec = from_plain(RunSpec, data)
+    _check(spec)
+    return spec
+
+
+def spec_from_dict(data: dict[str, Any], where: str) -> RunSpec:
+    """A spec as `RunSpec.to_dict` gave it (a results file's `spec`, a worker's), checked as a
+    YAML is; a problem is one line naming `where` and the key."""
+    try:
+        spec = from_plain(RunSpec, data)
+        _check(spec)
+    except SpecError as e:
+        raise UserError(f"{where}: {e}") from None
+    return spec
+
+
+def set_path(data: dict, key: str, value: Any) -> None:
+    """Set dotted `key` in spec data, making the sections on the way; a `SpecError` at `key`
+    when a part of the path holds a value, not a section."""
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError(key, f"'{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _check(spec: RunSpec) -> None:
+    """Values that are well-typed but impossible."""
+    _check_workload(spec.workload)
+    _check_load(spec.load)
+    if spec.load.workers < 1:
+        raise SpecError("load.workers", f"must be >= 1, got {spec.load.workers}")
+    why = shards.problem(spec.backend.kind, spec.load, spec.workload.sessions, spec.load.workers)
+    if why is not None:
+        raise SpecError("load.workers", why)
+    eng = spec.engine
+    for path, value in {
+        "engine.block_size": eng.block_size,
+        "engine.max_num_batched_tokens": eng.max_num_batched_tokens,
+        "engine.max_num_seqs": eng.max_num_seqs,
+        "backend.timeout_s": spec.backend.timeout_s,
+    }.items():
+        if value <= 0:
+            raise SpecError(path, f"must be > 0, got {value}")
+    _check_speculative(spec)
+    _check_quantize(eng.quantize)
+    _check_moe_offload(spec)
+    if spec.repeat < 1:
+        raise SpecError("repeat", f"must be >= 1, got {spec.repeat}")
+    if spec.quality is not None:
+        _check_quality(spec)
+    for path, value in {
+        "warmup_requests": spec.warmup_requests,
+        "temperature": spec.temperature,
+    }.items():
+        if value < 0:
+            raise SpecError(path, f"must be >= 0, got {value}")
+    if spec.backend.kind == "openai" and not spec.backend.url:
+        raise SpecError("backend.url", "required for backend kind 'openai'")
+    _check_headers(spec.backend)
+    if spec.backend.server_log is not None and spec.backend.kind != "openai":
+        raise SpecError("backend.server_log", "only for backend kind 'openai'")
+    if spec.backend.server_log is not None and spec.load.workers > 1:
+        raise SpecError("backend.server_log", "read by one client process: set load.workers 1")
+    hardware = spec.backend.hardware
+    if hardware is not None and hardware != "measured" and datasheet(hardware) is None:
+        known = ", ".join(HARDWARE)
+        raise SpecError("backend.hardware", f"unknown '{hardware}'; use measured or one of {known}")
+    _check_weights(spec)
+    if not 0 <= spec.max_failed_fraction <= 1:
+        raise SpecError(
+            "max_failed_fraction", f"must be between 0 and 1, got {spec.max_failed_fraction}"
+        )
+    for key, limit in spec.slo.items():
+        if key not in SLO_METRICS:
+            raise SpecError(f"slo.{key}", f"unknown SLO; use {', '.join(SLO_METRICS)}")
+        if limit <= 0:
+            raise SpecError(f"slo.{key}", f"must be > 0, got {limit}")
+
+
+def _check_headers(backend: BackendSpec) -> None:
+    """Header names are HTTP tokens and values one line: else every request would fail."""
+    names = {f"backend.headers.{name}": name for name in backend.headers}
+    if backend.request_id_header is not None:
+        names["backend.request_id_header"] = backend.request_id_header
+    for path, name in names.items():
+        if not name or not set(name) <= _HEADER_NAME_CHARS:
+            raise SpecError(path, f"not an HTTP header name: {name!r}")
+    for name, value in backend.headers.items():
+        if "\r" in value or "\n" in value:
+            raise SpecError(f"backend.headers.{name}", "a header value must be one line")
+
+
+_HEADER_NAME_CHARS = set(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")  # RFC 9110
+
+
+def _check_weights(spec: RunSpec) -> None:
+    """`backend.weights` / `backend.weights_bytes_per_param`: at most one, for an openai server
+    (the built-in engine knows its own weights), a known storage name or a size > 0."""
+    b = spec.backend
+    values = {"weights": b.weights, "weights_bytes_per_param": b.weights_bytes_per_param}
+    given = [name for name, value in values.items() if value is not None]
+    if not given:
+        return
+    if b.kind != "openai":
+        reason = "only for backend kind 'openai' (the engine's weights are `dtype`)"
+        raise SpecError(f"backend.{given[0]}", reason)
+    if len(given) > 1:
+        raise SpecError("backend.weights_bytes_per_param", "give backend.weights or this, not both")
+    if b.weights is not None and b.weights not in BYTES_PER_ELEM:
+        known = ", ".join(BYTES_PER_ELEM)
+        raise SpecError("backend.weights", f"unknown '{b.weights}'; use one of {known}")
+    if b.weights_bytes_per_param is not None and b.weights_bytes_per_param <= 0:
+        raise SpecError(
+            "backend.weights_bytes_per_param", f"must be > 0, got {b.weights_bytes_per_param}"
+        )
+
+
+def _check_speculative(spec: RunSpec) -> None:
+    s = spec.engine.speculative
+    if s.num_tokens < 1:
+        raise SpecError("engine.speculative.num_tokens", f"must be >= 1, got {s.num_tokens}")
+    if not 1 <= s.ngram_min <= s.ngram_max:
+        raise SpecError(
+            "engine.speculative.ngram_min",
+            f"need 1 <= ngram_min <= ngram_max, got {s.ngram_min} and {s.ngram_max}",
+        )
+    if s.method == "draft" and not s.draft_model:
+        raise SpecError("engine.speculative.draft_model", "required for method 'draft'")
+    if s.method != "none" and spec.backend.kind != "engine":
+        raise SpecError(
+            "engine.speculative.method", "only for backend kind 'engine' (a server has its own)"
+        )
+
+
+def _check_quantize(quantize: str | None) -> None:
+    """`engine.quantize`: a scheme the engine reads (`int8`, `int4:64`, `int4:sym`, ...) or
+    none."""
+    from llmbench.engine.quant.scheme import parse_quantize  # torch-free: checked before loading
+
+    try:
+        parse_quantize(quantize)
+    except UserError as e:
+        raise SpecError("engine.quantize", str(e)) from None
+
+
+def _check_moe_offload(spec: RunSpec) -> None:
+    """`engine.moe_offload`: counts >= 0, a link the hardware table or a bandwidth names."""
+    o = spec.engine.moe_offload
+    if o is None:
+        return
+    if spec.backend.kind != "engine":
+        raise SpecError("engine.moe_offload", "only for backend kind 'engine'")
+    for name in ("resident", "cache"):
+        if getattr(o, name) < 0:
+            raise SpecError(f"engine.moe_offload.{name}", f"must be >= 0, got {getattr(o, name)}")
+    try:
+        if o.link not in (None, "real"):  # real: the machine's own link, no simulated bandwidth
+            link_bandwidth(o.link)
+    except UserError as e:
+        raise SpecError("engine.moe_offload.link", str(e)) from None
+    if o.sleep and o.link == "real":
+        raise SpecError("engine.moe_offload.sleep", "only for a simulated link")
+
+
+def _check_quality(spec: RunSpec) -> None:
+    q = spec.quality
+    if spec.backend.kind != "engine":
+        raise SpecError("quality", "only for backend kind 'engine' (it scores the engine itself)")
+    for name in ("tokens", "context"):
+        if getattr(q, name) < 2:
+            raise SpecError(f"quality.{name}", f"must be >= 2, got {getattr(q, name)}")
+    if q.generate < 0:
+        raise SpecError("quality.generate", f"must be >= 0, got {q.generate}")
+
+
+def _check_workload(w: WorkloadSpec) -> None:
+    if w.sessions <= 0:
+        raise SpecError("workload.sessions", f"must be > 0, got {w.sessions}")
+    if w.system_prompt_tokens < 0:
+        raise SpecError(
+            "workload.system_prompt_tokens", f"must be >= 0, got {w.system_prompt_tokens}"
+        )
+    for f in dataclasses.fields(w):
+        value = getattr(w, f.name)
+        if isinstance(value, Dist):
+            value.check(f"workload.{f.name}")
+    if isinstance(w, RagWorkload):
+        for name in ("num_documents", "docs_per_query", "zipf_s"):
+            if getattr(w, name) <= 0:
+                raise SpecError(f"workload.{name}", f"must be > 0, got {getattr(w, name)}")
+        if w.docs_per_query > w.num_documents:
+            raise SpecError(
+                "workload.docs_per_query", f"must be <= num_documents ({w.num_documents})"
+            )
+    if isinstance(w, AgenticWorkload) and w.tool_schema_tokens < 0:
+        raise SpecError("workload.tool_schema_tokens", f"must be >= 0, got {w.tool_schema_tokens}")
+
+
+def _check_load(load: LoadSpec) -> None:
+    if isinstance(load, ConcurrencyLoad) and load.concurrency <= 0:
+        raise SpecError("load.concurrency", f"must be > 0, got {load.concurrency}")
+    if isinstance(load, (RateLoad, GammaLoad)):
+        if load.rate_per_s is None and not load.sweep:
+            raise SpecError("load.rate_per_s", f"required for load kind '{load.kind}'")
+        if load.rate_per_s is not None and load.rate_per_s <= 0:
+            raise SpecError("load.rate_per_s", f"must be > 0, got {load.rate_per_s}")
+    if isinstance(load, GammaLoad) and load.burstiness <= 0:
+        raise SpecError("load.burstiness", f"must be > 0, got {load.burstiness}")
+    if isinstance(load, TraceLoad) and not load.trace:
+        raise SpecError("load.trace", "required for load kind 'trace'")
+    if load.sweep is not None and (not load.sweep or any(v <= 0 for v in load.sweep)):
+        raise SpecError("load.sweep", "must be a non-empty list of values > 0")
