@@ -71,7 +71,7 @@ def prune(
     pruning.json) that llmbench loads, and prints size, decode speed and quality before and
     after."""
     from llmbench.cli.run import _workload_path
-    from llmbench.harness.moe_prune import PruneSettings, check_out, format_report, prune
+    from llmbench.harness.moe_prune_study import PruneSettings, check_out, format_report, prune
     from llmbench.harness.spec_load import load_spec
 
     if keep < 1:

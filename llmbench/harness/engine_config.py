@@ -1,17 +1,18 @@
 """The one translation from what a user configured to the engine's `EngineConfig`.
 
 A run spec's `model`, `dtype`, `device` and `engine` block — or the same settings given as
-command-line flags (`engine_spec_of_flags`, for `generate` and `serve`) — become the frozen
-`EngineConfig` the engine takes. Studies that size an engine themselves (`quality`'s exact K/V
-cache, `profile`'s batch) start from this config and `dataclasses.replace` what they size.
-The engine is imported inside the functions: the harness loads without torch.
+command-line flags (`engine_spec_of_flags` and `parse_moe_offload`, for `generate` and
+`serve`) — become the frozen `EngineConfig` the engine takes. Studies that size an engine
+themselves (`quality`'s exact K/V cache, `profile`'s batch) start from this config and
+`dataclasses.replace` what they size. The engine is imported inside the functions: the harness
+loads without torch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmbench.harness.moe_offload import DEFAULT_SIMULATED_LINK, REAL_LINK
+from llmbench.errors import UserError
 from llmbench.harness.spec import EngineSpec, KVCacheDtypeSpec, MoEOffloadSpec, SpeculativeSpec
 from llmbench.roofline.datasheets import link_bandwidth
 
@@ -19,6 +20,10 @@ if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torc
     from llmbench.engine.engine import EngineConfig
     from llmbench.engine.expert_offload import ExpertOffloadConfig
     from llmbench.engine.kv_dtype import KVCacheDtype
+
+DEFAULT_SIMULATED_LINK = "pcie4-x16"  # a CPU has no device link: one is simulated
+REAL_LINK = "real"  # copies over the machine's own link, timed: no simulated bandwidth
+_MOE_OFFLOAD_KEYS = ("resident", "cache", "link", "profile", "sleep")
 
 
 def engine_config(model: str, dtype: str, device: str, engine: EngineSpec) -> EngineConfig:
@@ -111,4 +116,46 @@ def engine_spec_of_flags(
         ),
         quantize=quantize,
         moe_offload=moe_offload,
+    )
+
+
+def parse_moe_offload(text: str) -> MoEOffloadSpec | None:
+    """`--moe-offload` as typed, comma-separated: `resident=N` (experts per layer kept in device
+    memory, required), `cache=C` (fetched experts kept per layer, LRU; default 0),
+    `link=NAME|NUMBERGB/s|real` (default: pcie4-x16, simulated, on a CPU; real copies on CUDA),
+    `profile=PATH` (an experts.json: its most-routed experts stay resident; default the first N
+    ids), `sleep` (a simulated link also sleeps each fetch's time so that wall time shows it).
+    `resident=4,cache=2,link=pcie4,profile=PATH,sleep` → the spec; `none` → None."""
+    if text.strip() in ("", "none"):
+        return None
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        if key == "sleep" and not sep:
+            value, sep = "true", "="
+        if not sep or key not in _MOE_OFFLOAD_KEYS or key in fields:
+            raise UserError(
+                f"--moe-offload {text!r}: expected resident=N[,cache=C][,link=NAME|GB/s|real]"
+                f"[,profile=PATH][,sleep], each key once; got {part.strip()!r}"
+            )
+        fields[key] = value
+    if "resident" not in fields:
+        raise UserError(f"--moe-offload {text!r}: resident=N is required")
+    counts = {}
+    for key in ("resident", "cache"):
+        value = fields.get(key, "0")
+        if not value.isdigit():
+            raise UserError(f"--moe-offload: {key} must be a whole number >= 0, got {value!r}")
+        counts[key] = int(value)
+    if fields.get("sleep", "true") not in ("true", "false"):
+        raise UserError(f"--moe-offload: sleep is a flag (sleep, or sleep=true), got {text!r}")
+    link = fields.get("link")
+    if link not in (None, REAL_LINK):
+        link_bandwidth(link)  # a bad name is its UserError
+    return MoEOffloadSpec(
+        resident=counts["resident"],
+        cache=counts["cache"],
+        link=link,
+        profile=fields.get("profile"),
+        sleep=fields.get("sleep") == "true",
     )

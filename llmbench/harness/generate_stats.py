@@ -53,3 +53,13 @@ def format_summary(
         f"output={len(token_ns)} tok, decode={decode_tok_per_s(token_ns):.1f} tok/s, "
         f"achieved={achieved} GB/s"
     )
+
+
+def link_line(records) -> str:
+    """Link traffic of steps (`StepRecord`s), for a summary line: `link 3.4 MiB in 12 of 40
+    steps, 0.11 ms simulated`."""
+    moved = [r for r in records if r.link_bytes]
+    total = sum(r.link_bytes for r in moved)
+    simulated = sum(r.link_s_simulated for r in moved)
+    line = f"link {total / 2**20:.2f} MiB in {len(moved)} of {len(records)} steps"
+    return line + (f", {simulated * 1e3:.3g} ms simulated" if simulated else "")

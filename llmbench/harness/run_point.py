@@ -30,7 +30,6 @@ from llmbench.harness import (
 from llmbench.harness.backends.server_log import ServerLog
 from llmbench.harness.driver import DriveOptions, Driver
 from llmbench.harness.engine_config import engine_config
-from llmbench.harness.experts import EXPERTS_FILE, snapshots_of
 from llmbench.harness.record_log import RecordLog, read_steps, rewrite_requests
 from llmbench.harness.results import (
     RESULTS_FILE,
@@ -40,6 +39,7 @@ from llmbench.harness.results import (
     TelemetryInfo,
     write_results,
 )
+from llmbench.harness.run_expert_stats import EXPERTS_FILE, snapshots_of
 from llmbench.harness.run_repetitions import Repetitions, salt
 from llmbench.harness.run_signals import RunInterrupted, StopSignals, signal_name
 from llmbench.harness.run_summary import START_FILE, finish

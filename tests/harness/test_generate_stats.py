@@ -7,7 +7,12 @@ from types import SimpleNamespace
 import pytest
 
 from llmbench.engine.presets import PRESETS
-from llmbench.harness.generate_stats import decode_bytes_per_s, decode_tok_per_s, format_summary
+from llmbench.harness.generate_stats import (
+    decode_bytes_per_s,
+    decode_tok_per_s,
+    format_summary,
+    link_line,
+)
 from llmbench.roofline.cost_model import StepShape, step_cost
 
 
@@ -46,3 +51,12 @@ def test_decode_tokens_per_second_and_the_summary_line():
         "prompt=12 tok, prefill=3.3 ms, output=4 tok, decode=75.0 tok/s, achieved=2.50 GB/s"
     )
     assert format_summary(12, 3.26, token_ns, None).endswith("achieved=- GB/s")
+
+
+def test_link_line_totals_the_steps():
+    class Step:
+        def __init__(self, link_bytes, link_s_simulated):
+            self.link_bytes, self.link_s_simulated = link_bytes, link_s_simulated
+
+    steps = [Step(2**20, 0.001), Step(0, 0.0), Step(2**20, 0.002)]
+    assert link_line(steps) == "link 2.00 MiB in 2 of 3 steps, 3 ms simulated"

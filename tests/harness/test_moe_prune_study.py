@@ -9,7 +9,7 @@ import pytest
 
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.errors import UserError
-from llmbench.harness.moe_prune import (
+from llmbench.harness.moe_prune_study import (
     PRUNING_FILE,
     PruneSettings,
     check_out,

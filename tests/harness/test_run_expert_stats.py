@@ -8,7 +8,7 @@ import json
 import pytest
 
 from llmbench.errors import UserError
-from llmbench.harness.experts import (
+from llmbench.harness.run_expert_stats import (
     EXPERTS_FILE,
     ExpertSnapshots,
     experts_file,
