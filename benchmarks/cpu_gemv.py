@@ -9,13 +9,13 @@ last-level cache, and multiplies x [rows, K] by the copies in turn, so every cal
 weight from memory as a decode step does. Each cell is the median over `--repeats` passes of
 (weight bytes / time per call). The paths:
 
-- `ext`: the C++ extension (`llmbench.kernels.cpu_gemv`);
+- `ext`: the C++ extension's matmul (`llmbench.kernels.cpu_gemv`);
 - `native`: torch.mm with oneDNN off (what the model runs under 3 rows without the extension);
 - `onednn`: torch.mm through oneDNN;
 - `read`: a plain read of the same bytes (`sum` over them viewed as float32): the roof.
 
 `--decode`: single-stream smollm2-135m decode through the engine, bfloat16 with the extension,
-bfloat16 on torch's matmul (LLMBENCH_CPU_GEMV=torch) and float32, taking turns in one process
+bfloat16 on torch's ops (LLMBENCH_CPU_EXTENSION=torch) and float32, taking turns in one process
 with a 512 MB read-bandwidth probe in every round; prints per engine the median tok/s, achieved
 GB/s (the cost model's bytes per decode step / step time) and MBU against the same round's read
 bandwidth (median over rounds).
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-from llmbench.kernels import cpu_gemv
+from llmbench.kernels import cpu_extension, cpu_gemv
 
 warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
 
@@ -78,14 +78,14 @@ def decode(tokens: int, repeats: int) -> None:
     from llmbench.engine.sampling import SamplingParams
     from llmbench.harness.generate_stats import decode_bytes_per_s, decode_tok_per_s
 
-    torch_matmul = cpu_gemv.CpuGemv("torch", "LLMBENCH_CPU_GEMV=torch")
+    torch_matmul = cpu_extension.CpuExtension("torch", "LLMBENCH_CPU_EXTENSION=torch")
     engines = {}
     for name, dtype in (("bf16 ext", "bfloat16"), ("bf16 torch", "bfloat16"), ("f32", "float32")):
         if name == "bf16 torch":
-            saved, cpu_gemv.default = cpu_gemv.default, lambda: torch_matmul
+            saved, cpu_extension.default = cpu_extension.default, lambda: torch_matmul
         engines[name] = LLMEngine(EngineConfig(dtype=dtype, device="cpu", max_num_seqs=1))
         if name == "bf16 torch":
-            cpu_gemv.default = saved
+            cpu_extension.default = saved
     prompt = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in engines}
@@ -123,9 +123,9 @@ def main() -> None:
         decode(args.tokens, args.repeats)
         return
     dtype = getattr(torch, args.dtype)
-    backend = cpu_gemv.default()
+    backend = cpu_extension.default()
     print(f"threads {torch.get_num_threads()}, {backend.describe()}")
-    op = backend.op()
+    op = backend.op(cpu_gemv.OP)
     names = ("ext", "native", "onednn", "read")
     print(f"{'shape':>8} {'rows':>4} " + " ".join(f"{n:>13}" for n in names) + "  GB/s median/best")
     for name, (n, k) in SHAPES.items():

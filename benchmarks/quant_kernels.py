@@ -7,7 +7,7 @@ o [576, 576], gate_up [3072, 576], down [576, 1536]: 106 M weights, more than th
 cache, so every pass streams them from DRAM, as a decode step does). Each cell is the median
 of `--repeats` passes in ms, after one warm-up pass. The paths:
 
-- `bf16`: the unquantised layer (`model.Linear`, bfloat16), torch's native GEMV under 3 rows
+- `bf16`: the unquantised layer (`linear.Linear`, bfloat16), torch's native GEMV under 3 rows
   (oneDNN off, as `model._gemv_backend` does), oneDNN above;
 - `int8 kernel`: `torch.ops.aten._weight_int8pack_mm` (bfloat16 x and scales);
 - `int8 deq+mm`: codes → bfloat16 per call, oneDNN matmul, then the scales;
@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from llmbench.engine.model import Linear, _gemv_backend
+from llmbench.engine.linear import Linear
+from llmbench.engine.model import _gemv_backend
 from llmbench.engine.quant.linear import int4_layer, int8_layer, packed_int4_layer
 from llmbench.engine.quant.scheme import parse_quantize
 

@@ -39,7 +39,7 @@ import math
 import torch
 
 from llmbench.engine.engine import EngineConfig, LLMEngine
-from llmbench.engine.model import make_linear
+from llmbench.engine.linear import make_linear
 from llmbench.engine.quant.scheme import parse_quantize
 
 LAYERS = ["none", "int8", "int8", "int4:32:sym", "int4:32", "int4:32", "int4:32", "int4:64"]

@@ -74,12 +74,14 @@ def generate(
     moe_offload: str,
 ) -> None:
     """Generate text for PROMPT, streamed to stdout; timings go to stderr."""
-    from llmbench.engine.engine import EngineConfig, LLMEngine
-    from llmbench.engine.kv_dtype import parse_kv_cache_dtype
+    from llmbench.engine.engine import LLMEngine
     from llmbench.engine.sampling import SamplingParams
-    from llmbench.engine.speculative import parse_speculative
-    from llmbench.harness.generate_stats import decode_bytes_per_s, format_summary
-    from llmbench.harness.moe_offload import engine_offload, link_line, parse_moe_offload
+    from llmbench.harness.engine_config import (
+        engine_config,
+        engine_spec_of_flags,
+        parse_moe_offload,
+    )
+    from llmbench.harness.generate_stats import decode_bytes_per_s, format_summary, link_line
     from llmbench.harness.speculative_stats import draft_model_of
 
     params = SamplingParams(
@@ -92,22 +94,17 @@ def generate(
         stop=stop,
         ignore_eos=ignore_eos,
     )
-    offload = parse_moe_offload(moe_offload)
-    engine = LLMEngine(
-        EngineConfig(
-            model=model,
-            dtype=dtype,
-            device=device,
-            num_threads=threads,
-            max_num_seqs=1,
-            kv_cache_memory=kv_cache_memory,
-            block_size=block_size,
-            kv_cache_dtype=parse_kv_cache_dtype(kv_cache_dtype),
-            speculative=parse_speculative(speculative),
-            quantize=quantize,
-            moe_offload=engine_offload(offload, device) if offload else None,
-        )
+    engine_spec = engine_spec_of_flags(
+        threads=threads,
+        kv_cache_memory=kv_cache_memory,
+        kv_cache_dtype=kv_cache_dtype,
+        speculative=speculative,
+        quantize=quantize,
+        block_size=block_size,
+        max_num_seqs=1,
+        moe_offload=parse_moe_offload(moe_offload),
     )
+    engine = LLMEngine(engine_config(model, dtype, device, engine_spec))
     tokenizer = engine.tokenizer
     if chat:
         prompt_ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
@@ -137,13 +134,13 @@ def generate(
     )
     stats = format_summary(len(prompt_ids), prefill_ns / 1e6, token_ns, bytes_per_s)
     click.echo(
-        f"[{engine.source_description}, {dtype}, {engine.device}, {weights_line(engine)}, "
-        f"{kv_cache_line(kv)}] "
+        f"[{engine.source_description}, {dtype}, {engine.device}, {engine.model.kernels_name}, "
+        f"{weights_line(engine)}, {kv_cache_line(kv)}] "
         f"finish={finish_reason} {stats}",
         err=True,
     )
-    if engine.expert_offload is not None:
-        click.echo(f"[{engine.expert_offload.describe()}] {link_line(records)}", err=True)
+    if engine.moe_offload is not None:
+        click.echo(f"[{engine.moe_offload.describe()}] {link_line(records)}", err=True)
     spec_line = speculative_line(engine)
     if spec_line and last is not None:
         proposed, accepted = last.num_proposed_tokens, last.num_accepted_tokens

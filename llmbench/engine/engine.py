@@ -25,12 +25,12 @@ import torch
 from llmbench.engine.checkpoint import check_tensors
 from llmbench.engine.cuda_graphs import decode_graphs_for
 from llmbench.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from llmbench.engine.expert_offload import ExpertOffloadConfig, offload_experts
 from llmbench.engine.expert_stats import ExpertStats
 from llmbench.engine.kv_cache import BlockManager, blocks_for, blocks_in_budget
 from llmbench.engine.kv_dtype import KVCacheDtype, bytes_per_token
 from llmbench.engine.model import LlamaModel
 from llmbench.engine.moe import mean_load_max_over_mean
+from llmbench.engine.moe_offload import MoEOffloadConfig, offload_experts
 from llmbench.engine.paged_attention import KVCache
 from llmbench.engine.proposers import make_proposer
 from llmbench.engine.quant.scheme import parse_quantize
@@ -72,7 +72,7 @@ class EngineConfig:
     quantize: str | None = None
     # MoE: N experts per layer resident, the others fetched over a host link (simulated by
     # bandwidth, or real copies on CUDA) through an LRU; None: every expert resident.
-    moe_offload: ExpertOffloadConfig | None = None
+    moe_offload: MoEOffloadConfig | None = None
     # CUDA: replay plain decode steps from CUDA graphs, one per batch-size bucket, captured at
     # start (`cuda_graphs`); no effect on a CPU.
     cuda_graphs: bool = True
@@ -122,7 +122,7 @@ class LLMEngine:
         self.model = LlamaModel(self.model_config, weights, self.quantize)
         del weights
         # Offloaded experts and their link traffic (None: every expert resident).
-        self.expert_offload = (
+        self.moe_offload = (
             offload_experts(self.model, config.moe_offload, self.device)
             if config.moe_offload is not None
             else None
@@ -294,8 +294,8 @@ class LLMEngine:
         """Run one batch; returns the outputs of every request that advanced or was aborted."""
         outputs = self._take_inbox()
         t_start = time.perf_counter_ns()
-        if self.expert_offload is not None:
-            self.expert_offload.take_step()  # what `score` fetched between steps is no step's
+        if self.moe_offload is not None:
+            self.moe_offload.take_step()  # what `score` fetched between steps is no step's
         drafted = self._propose()
         draft_ns = time.perf_counter_ns() - t_start if self.proposer is not None else 0
         plan = self.scheduler.schedule()
@@ -316,7 +316,7 @@ class LLMEngine:
         t_end = time.perf_counter_ns()  # tokens are on the host: the step is done
         routing = self.model.last_routing  # per MoE layer (empty for a dense model)
         link_bytes, link_s = (
-            self.expert_offload.take_step() if self.expert_offload is not None else (0, 0.0)
+            self.moe_offload.take_step() if self.moe_offload is not None else (0, 0.0)
         )
         if self.expert_stats is not None:
             self.expert_stats.add_step(

@@ -1,5 +1,10 @@
 """The model's ops through the kernels layer's Triton kernels, when the dispatch says "triton".
 
+The engine's two choices of implementation are made here, each a UserError when its
+environment variable is bad: `dispatch_for` (Triton kernels or torch ops, LLMBENCH_KERNELS) and,
+on a CPU, `cpu_extension` (the C++ library behind `linear.Linear`'s decode matmuls, the
+quantised layers' VNNI matmul and the model's per-layer ops, LLMBENCH_CPU_EXTENSION).
+
 `LlamaModel` holds a `TritonOps` (CUDA with Triton, or `LLMBENCH_KERNELS=triton` under the
 interpreter) or None (the torch path). Once per forward, `prepare` turns the step's chunks into
 the kernels' index tensors; then each layer calls `rms_norm`, `rope_`, `attention` and
@@ -20,6 +25,7 @@ import torch
 from llmbench.engine.host_to_device import to_device
 from llmbench.engine.paged_attention import AttentionBatch, SplitLayer, paged_attention
 from llmbench.errors import UserError
+from llmbench.kernels import cpu_extension as cpu_ext
 from llmbench.kernels import dispatch as kernel_dispatch
 from llmbench.kernels.errors import KernelDispatchError
 
@@ -38,6 +44,15 @@ def dispatch_for(device: torch.device) -> kernel_dispatch.Dispatch:
     """The kernels layer's choice for `device`; a bad LLMBENCH_KERNELS is a UserError."""
     try:
         return kernel_dispatch.choose(device.type)
+    except KernelDispatchError as e:
+        raise UserError(str(e)) from None
+
+
+def cpu_extension() -> cpu_ext.CpuExtension:
+    """The process's CPU C++ extension (`kernels.cpu_extension.default()`: loaded, built first
+    if need be, or torch's ops with the reason); a bad LLMBENCH_CPU_EXTENSION is a UserError."""
+    try:
+        return cpu_ext.default()
     except KernelDispatchError as e:
         raise UserError(str(e)) from None
 

@@ -12,9 +12,9 @@ has 30 layers):
 - within each q/k head the rows are reordered from HF's half-split RoPE layout to interleaved
   pairs, so RoPE is one in-place complex multiply (q·k is unchanged by a permutation applied to
   both, and V and the output are untouched);
-- every matrix multiply goes through `Linear`, which keeps the weight in the layout MKL streams
-  fastest and adds the residual inside the same `addmm` call (or, with `quantize`, through a
-  quantised layer of `quant.linear`: `make_linear` picks).
+- every matrix multiply goes through a layer of `linear` (`Linear`, which keeps the weight in
+  the layout MKL streams fastest and adds the residual inside the same `addmm` call, or, with
+  `quantize`, a quantised layer of `quant.linear`: `linear.make_linear` picks).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,77 +30,16 @@ import torch.nn.functional as F
 
 from llmbench.engine import kernel_ops
 from llmbench.engine.config import ModelConfig
+from llmbench.engine.linear import Linear, make_linear
 from llmbench.engine.moe import MoEMLP, Routing
 from llmbench.engine.paged_attention import AttentionBatch, KVCache, paged_attention
-from llmbench.engine.quant.linear import QuantLinear, quantize_linear
+from llmbench.engine.quant.linear import QuantLinear
 from llmbench.engine.quant.scheme import QuantScheme, lm_head_scheme
-from llmbench.errors import UserError
-from llmbench.kernels import cpu_gemv
 from llmbench.kernels.cpu_layer_ops import CpuLayerOps
-from llmbench.kernels.errors import KernelDispatchError
 
 # What a CPU model runs through the C++ extension when it is in use (matmuls: up to
 # `cpu_gemv.max_rows` rows, quantised ones through `cpu_quant_gemv` where the CPU has VNNI).
 CPU_EXTENSION_OPS = ("matmuls", "rms_norm", "rope", "paged_decode_attention", "decode_layer")
-
-
-@dataclass(frozen=True)
-class Linear:
-    """y = x @ W^T + bias (+ residual), with W kept in the layout that streams faster.
-
-    `weight` is [out, in] as in the checkpoint, or its transpose [in, out] when
-    `is_input_major`. Measured here (float32, 2 threads, one row, weights from DRAM), MKL reads
-    a wide matrix faster input-major: [3072, 576] 20.7 vs 15.5 GB/s, [49152, 576] 22.0 vs 15.8;
-    a tall one slower: [576, 1536] 13.9 vs 16.1. In 16 bits the native kernel wants [out, in].
-    On a CPU with the C++ extension of `kernels.cpu_gemv` (any float dtype), calls of up to
-    `max_fast_rows` rows run it instead, on [out, in]: one row through [3072, 576] bfloat16
-    streamed 36.6 GB/s there vs 24.8 native (plain read 48.9), measured in one process; float32
-    figures are at `cpu_gemv.MAX_ROWS_F32`. The input-major layout is then not used.
-    """
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None = None
-    is_input_major: bool = False
-    # CPU: the C++ matmul of `kernels.cpu_gemv` (None: torch), for up to this many rows.
-    fast_op: Callable[..., torch.Tensor] | None = None
-    max_fast_rows: int = 0
-
-    @classmethod
-    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-        out_features, in_features = weight.shape
-        if weight.device.type == "cpu" and weight.dtype in cpu_gemv.WEIGHT_DTYPES:
-            backend = cpu_matmul()
-            if backend.is_extension:
-                rows = cpu_gemv.max_rows(weight.dtype)
-                return cls(weight.contiguous(), bias, fast_op=backend.op(), max_fast_rows=rows)
-        if weight.device.type == "cpu" and weight.dtype == torch.float32:
-            if out_features > in_features:
-                return cls(weight.t().contiguous(), bias, is_input_major=True)
-        return cls(weight, bias)
-
-    @property
-    def num_bytes(self) -> int:
-        total = self.weight.numel() * self.weight.element_size()
-        return total + (
-            self.bias.numel() * self.bias.element_size() if self.bias is not None else 0
-        )
-
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self.fast_op is not None and x.shape[0] <= self.max_fast_rows:
-            return self.fast_op(x, self.weight, self.bias, residual)
-        w_t = self.weight if self.is_input_major else self.weight.t()  # [in, out]
-        add = residual if residual is not None else self.bias
-        if residual is not None and self.bias is not None:
-            add = residual + self.bias
-        return torch.mm(x, w_t) if add is None else torch.addmm(add, x, w_t)
-
-
-def cpu_matmul() -> cpu_gemv.CpuGemv:
-    """The CPU C++ extension (`kernels.cpu_gemv`); a bad LLMBENCH_CPU_GEMV is a UserError."""
-    try:
-        return cpu_gemv.default()
-    except KernelDispatchError as e:
-        raise UserError(str(e)) from None
 
 
 def _fused_rows(layer: _Layer) -> int:
@@ -113,17 +51,6 @@ def _fused_rows(layer: _Layer) -> int:
     if not all(isinstance(m, Linear) and m.fast_op is not None for m in matmuls):
         return 0
     return min(m.max_fast_rows for m in matmuls)
-
-
-def make_linear(
-    weight: torch.Tensor, bias: torch.Tensor | None = None, quantize: QuantScheme | None = None
-) -> Linear | QuantLinear:
-    """The layer for one weight matrix [out, in]: a float `Linear`, or quantised at load to
-    `quantize`'s scheme (`quant.linear`: int8 per output channel, int4 per group)."""
-    if quantize is None:
-        return Linear.build(weight, bias)
-    extension = cpu_matmul() if weight.device.type == "cpu" else None
-    return quantize_linear(weight, bias, quantize, extension)
 
 
 def held_bytes(part: object) -> int:
@@ -257,7 +184,7 @@ class LlamaModel:
         # when it is in use (`kernels.cpu_layer_ops`), decode-sized matmuls too (`Linear`).
         self.cpu_ops: CpuLayerOps | None = None
         if self.device.type == "cpu" and not dispatch.uses_triton:
-            backend = cpu_matmul()
+            backend = kernel_ops.cpu_extension()
             ops = CPU_EXTENSION_OPS if backend.is_extension else ()
             if backend.is_extension:
                 self.cpu_ops = CpuLayerOps.of(backend)
@@ -265,6 +192,13 @@ class LlamaModel:
                 dispatch, cpu_extension=backend.describe(), cpu_extension_ops=ops
             )
         self.kernels = kernel_ops.TritonOps(dispatch) if dispatch.uses_triton else None
+        # What runs the layers, in a few words for timing lines (`llmbench generate`).
+        if dispatch.uses_triton:
+            self.kernels_name = "Triton kernels"
+        elif self.cpu_ops is not None:
+            self.kernels_name = f"C++ extension ({backend.isa})"
+        else:
+            self.kernels_name = "torch ops"
         # Per layer: up to how many rows `CpuLayerOps.decode_layer` runs it (0: never), while
         # `fuse_decode_layers` (off: every layer op by op, as `llmbench profile` needs them).
         self._fused_rows = [_fused_rows(layer) if self.cpu_ops else 0 for layer in self.layers]
@@ -354,7 +288,7 @@ class LlamaModel:
         self.last_routing = []
         # A step of one-token sequences on the C++ extension: each dense layer in one call
         # (csrc/decode_layer.cpp repeats the ops below in their order: change both together;
-        # tests/engine/test_model_cpu_gemv.py holds them bit-identical).
+        # tests/engine/test_model_cpu_extension.py holds them bit-identical).
         is_fused = cpu and self.fuse_decode_layers
         fused = self._fused_decode_args(batch, kv_cache) if is_fused else None
         with _gemv_backend(self.device, self.dtype, num_tokens):

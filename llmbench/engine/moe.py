@@ -101,7 +101,7 @@ class MoEMLP:
     shared_gate_up: Matmul | None = None
     shared_down: Matmul | None = None  # I_s → h
     shared_width: int = 0  # I_s
-    # Where the experts' matmuls come from when not all are resident (`expert_offload`): called
+    # Where the experts' matmuls come from when not all are resident (`moe_offload`): called
     # with tokens_per_expert, returns (gate_up, down) indexable by each touched expert's id.
     # None: `expert_gate_up` / `expert_down` as they are.
     fetch: ExpertFetch | None = None

@@ -40,7 +40,7 @@ from llmbench.errors import UserError
 
 
 @dataclass(frozen=True)
-class ExpertOffloadConfig:
+class MoEOffloadConfig:
     num_resident: int  # experts per MoE layer kept in device memory
     num_cached: int = 0  # per layer: fetched experts kept on the device afterwards (LRU)
     # Simulated host link, bytes/s (e.g. PCIe 4.0 x16: 32e9); None: real copies (CUDA only).
@@ -159,13 +159,13 @@ class OffloadedExperts:
         return {e: g for e, (g, _) in step.items()}, {e: d for e, (_, d) in step.items()}
 
 
-class ExpertOffload:
+class MoEOffload:
     """Every MoE layer of a model offloaded (`offload_experts`); the engine reads each step's
     link traffic with `take_step`."""
 
     def __init__(
         self,
-        config: ExpertOffloadConfig,
+        config: MoEOffloadConfig,
         resident: list[frozenset[int]],
         layers: list[OffloadedExperts],
         link: LinkMeter,
@@ -205,8 +205,8 @@ class ExpertOffload:
 
 
 def offload_experts(
-    model: LlamaModel, config: ExpertOffloadConfig, device: torch.device
-) -> ExpertOffload:
+    model: LlamaModel, config: MoEOffloadConfig, device: torch.device
+) -> MoEOffload:
     """Offload the experts of every MoE layer of `model` (its `layers` are rewritten in place:
     each `MoEMLP` gets a `fetch`); on a real link the non-resident experts move to pinned host
     memory."""
@@ -249,7 +249,7 @@ def offload_experts(
         )
     if copy_to is not None:
         torch.cuda.empty_cache()  # give the moved experts' device memory back
-    return ExpertOffload(config, resident, layers, link)
+    return MoEOffload(config, resident, layers, link)
 
 
 def resident_experts(

@@ -18,8 +18,8 @@ from llmbench.roofline.datasheets import link_bandwidth
 
 if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
     from llmbench.engine.engine import EngineConfig
-    from llmbench.engine.expert_offload import ExpertOffloadConfig
     from llmbench.engine.kv_dtype import KVCacheDtype
+    from llmbench.engine.moe_offload import MoEOffloadConfig
 
 DEFAULT_SIMULATED_LINK = "pcie4-x16"  # a CPU has no device link: one is simulated
 REAL_LINK = "real"  # copies over the machine's own link, timed: no simulated bandwidth
@@ -65,17 +65,17 @@ def kv_cache_dtype(value: str | KVCacheDtypeSpec) -> KVCacheDtype:
     return KVCacheDtype(value.k, value.v)
 
 
-def moe_offload_config(spec: MoEOffloadSpec, device: str) -> ExpertOffloadConfig:
+def moe_offload_config(spec: MoEOffloadSpec, device: str) -> MoEOffloadConfig:
     """The engine's offload config; a missing link is pcie4-x16 simulated unless the engine will
     run on CUDA (`device` cuda, or auto with a GPU visible), where the copies are real."""
     from llmbench.engine.engine import resolve_device
-    from llmbench.engine.expert_offload import ExpertOffloadConfig
+    from llmbench.engine.moe_offload import MoEOffloadConfig
 
     link = spec.link
     if link is None:
         is_cuda = resolve_device(device).type == "cuda"
         link = REAL_LINK if is_cuda else DEFAULT_SIMULATED_LINK
-    return ExpertOffloadConfig(
+    return MoEOffloadConfig(
         num_resident=spec.resident,
         num_cached=spec.cache,
         link_bytes_per_s=None if link == REAL_LINK else link_bandwidth(link),

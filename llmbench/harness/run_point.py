@@ -30,6 +30,7 @@ from llmbench.harness import (
 from llmbench.harness.backends.server_log import ServerLog
 from llmbench.harness.driver import DriveOptions, Driver
 from llmbench.harness.engine_config import engine_config
+from llmbench.harness.expert_stats_file import EXPERTS_FILE, snapshots_of
 from llmbench.harness.record_log import RecordLog, read_steps, rewrite_requests
 from llmbench.harness.results import (
     RESULTS_FILE,
@@ -39,7 +40,6 @@ from llmbench.harness.results import (
     TelemetryInfo,
     write_results,
 )
-from llmbench.harness.run_expert_stats import EXPERTS_FILE, snapshots_of
 from llmbench.harness.run_repetitions import Repetitions, salt
 from llmbench.harness.run_signals import RunInterrupted, StopSignals, signal_name
 from llmbench.harness.run_summary import START_FILE, finish
@@ -257,7 +257,7 @@ def _kv_cache_info(backend) -> KVCacheInfo:
 
 def _moe_offload_info(backend) -> MoEOffloadInfo | None:
     """The engine's expert offloading as it runs (None: every expert resident)."""
-    offload = backend.engine.expert_offload
+    offload = backend.engine.moe_offload
     if offload is None:
         return None
     c = offload.config

@@ -19,6 +19,7 @@ from typing import Any
 
 from llmbench.harness import metrics, record_log, telemetry
 from llmbench.harness.driver import SessionStats
+from llmbench.harness.expert_stats_file import moe_summary
 from llmbench.harness.failures import DEFAULT_MAX_FAILED_FRACTION
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import (
@@ -31,7 +32,6 @@ from llmbench.harness.results import (
     read_results,
     write_results,
 )
-from llmbench.harness.run_expert_stats import moe_summary
 from llmbench.harness.run_warnings import run_warnings
 from llmbench.harness.speculative_stats import speculative_summary
 from llmbench.harness.spread import spread

@@ -1,11 +1,11 @@
 """The per-layer ops of a CPU step through the C++ extension (`csrc/layer_ops.cpp`): RMSNorm,
 RoPE in place, paged decode attention — checked, then called.
 
-They live in the library `cpu_gemv` builds and loads (one build, one provenance line) and take
+They live in the library `cpu_extension` builds and loads (one build, one provenance line) and take
 the same arguments as the Triton kernels of the same names, so each is checked against the same
 torch reference (`rms_norm_reference`, `rope_reference_`, `paged_decode_attention_reference`)
 and costed by the same cost function. The engine calls them on CPU when the extension is in use
-(`LLMBENCH_CPU_GEMV` decides, as for the matmul).
+(`LLMBENCH_CPU_EXTENSION` decides, as for the matmul).
 """
 
 from __future__ import annotations
@@ -23,14 +23,16 @@ from llmbench.kernels.checks import (
     check_tensor,
     check_value,
 )
-from llmbench.kernels.cpu_gemv import CpuGemv
+from llmbench.kernels.cpu_extension import CpuExtension
 
 # The extension's op names. Not imported from the Triton kernel modules: importing one imports
 # Triton, which this CPU path must not need (nor pay for).
 DECODE_ATTENTION_OP = "paged_decode_attention"
 
 
-def rms_norm(backend: CpuGemv, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(
+    backend: CpuExtension, x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """x [T, h] (rows contiguous) → x · rsqrt(mean(x²) + eps) · weight, in x's dtype."""
     op = "cpu rms_norm"
     check_tensor(op, "x", x, "[T, h]", FLOAT_DTYPES, device=CPU)
@@ -40,7 +42,7 @@ def rms_norm(backend: CpuGemv, x: torch.Tensor, weight: torch.Tensor, eps: float
 
 
 def rope_(
-    backend: CpuGemv,
+    backend: CpuExtension,
     x: torch.Tensor,
     positions: torch.Tensor,
     cos_sin: torch.Tensor,
@@ -69,7 +71,7 @@ def rope_(
 
 
 def paged_decode_attention(
-    backend: CpuGemv,
+    backend: CpuExtension,
     q: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -115,7 +117,7 @@ class CpuLayerOps:
     decode_layer: Callable[..., torch.Tensor]
 
     @classmethod
-    def of(cls, backend: CpuGemv) -> CpuLayerOps:
+    def of(cls, backend: CpuExtension) -> CpuLayerOps:
         return cls(
             backend.op("rms_norm"),
             backend.op("rope_"),

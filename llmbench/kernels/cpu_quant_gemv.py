@@ -35,7 +35,7 @@ from llmbench.kernels.checks import (
     check_value,
 )
 from llmbench.kernels.cost import KernelCost, dtype_bytes
-from llmbench.kernels.cpu_gemv import CpuGemv
+from llmbench.kernels.cpu_extension import CpuExtension
 
 OP = "quant_gemv"
 GROUP = 32  # x's quantisation group along K, and int4's weight group
@@ -181,7 +181,7 @@ def check_quant_gemv_args(
 
 
 def quant_gemv(
-    backend: CpuGemv,
+    backend: CpuExtension,
     x: torch.Tensor,
     codes: torch.Tensor,
     scale_zero: torch.Tensor | None,

@@ -59,8 +59,8 @@ class Dispatch:
     reason: str
     triton_version: str | None = None
     is_interpreted: bool = False
-    # CPU: the C++ extension in use (`cpu_gemv.CpuGemv.describe()`, or why not), or None, and
-    # the ops it runs there.
+    # CPU: the C++ extension in use (`cpu_extension.CpuExtension.describe()`, or why not), or
+    # None, and the ops it runs there.
     cpu_extension: str | None = None
     cpu_extension_ops: tuple[str, ...] = ()
 

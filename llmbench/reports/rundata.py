@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbench.errors import UserError
-from llmbench.harness import record_log, results, run_expert_stats, telemetry
+from llmbench.harness import expert_stats_file, record_log, results, telemetry
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import RunResult
 
@@ -61,7 +61,7 @@ def load(folder: Path) -> RunData:
         steps=record_log.read_steps(folder),
         sessions=record_log.read_sessions(folder),
         telemetry=telemetry.read_csv(folder / "telemetry.csv"),
-        experts=run_expert_stats.read_experts(folder),
+        experts=expert_stats_file.read_experts(folder),
     )
 
 

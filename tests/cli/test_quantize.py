@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llmbench.kernels import cpu_gemv
+from llmbench.kernels import cpu_extension
 from tests.cli.helpers import assert_user_error, llmbench
 from tests.harness.test_run import SMALL, TINY
 
@@ -44,7 +44,7 @@ def test_a_run_records_the_quantisation(tmp_path):
     assert roofline["weights"] == "int8, lm_head int8"
     # tiny: vocab 512, hidden 64; the lm_head holds int8 codes + a scale per row: float32 in
     # the C++ extension's VNNI layout, bfloat16 in torch's kernel's.
-    scale_bytes = 4 if cpu_gemv.default().has_quant_gemv else 2
+    scale_bytes = 4 if cpu_extension.default().has_quant_gemv else 2
     assert roofline["lm_head_bytes_per_param"] == (512 * 64 + 512 * scale_bytes) / (512 * 64)
 
 

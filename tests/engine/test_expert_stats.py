@@ -10,7 +10,7 @@ import torch
 from llmbench.engine.config import ModelConfig
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.expert_stats import ExpertStats
-from llmbench.engine.model import Linear
+from llmbench.engine.linear import Linear
 from llmbench.engine.moe import MoEMLP
 from llmbench.engine.sampling import SamplingParams
 

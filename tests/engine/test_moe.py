@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from llmbench.engine.config import ModelConfig, config_from_hf
 from llmbench.engine.engine import EngineConfig, LLMEngine
 from llmbench.engine.hf_folder import HFFolderSource, canonical_name
-from llmbench.engine.model import Linear
+from llmbench.engine.linear import Linear
 from llmbench.engine.moe import MoEMLP, Routing, mean_load_max_over_mean, route
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import UserError

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from llmbench.engine.engine import EngineConfig, LLMEngine
-from llmbench.engine.expert_offload import (
+from llmbench.engine.linear import Linear
+from llmbench.engine.moe import MoEMLP
+from llmbench.engine.moe_offload import (
     ExpertLRU,
-    ExpertOffloadConfig,
     LinkMeter,
+    MoEOffloadConfig,
     OffloadedExperts,
     read_usage_profile,
     resident_experts,
 )
-from llmbench.engine.model import Linear
-from llmbench.engine.moe import MoEMLP
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import UserError
 
@@ -119,7 +119,7 @@ def test_offloading_changes_no_token_and_no_logit_only_link_bytes():
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = ["the quick brown fox", "jumps over the lazy dog and"]
     base = LLMEngine(EngineConfig(model=TINY_MOE, device="cpu", kv_cache_memory=2**22))
-    offload = ExpertOffloadConfig(num_resident=4, num_cached=1, link_bytes_per_s=32e9)
+    offload = MoEOffloadConfig(num_resident=4, num_cached=1, link_bytes_per_s=32e9)
     moved = LLMEngine(
         EngineConfig(model=TINY_MOE, device="cpu", kv_cache_memory=2**22, moe_offload=offload)
     )
@@ -128,7 +128,7 @@ def test_offloading_changes_no_token_and_no_logit_only_link_bytes():
     assert torch.equal(moved.score(ids), base.score(ids))
     steps = list(moved.step_records)
     expert_bytes = 3 * 64 * 32 * 4  # gate, up, down of one expert in float32
-    assert moved.expert_offload.expert_bytes == expert_bytes
+    assert moved.moe_offload.expert_bytes == expert_bytes
     assert sum(s.link_bytes for s in steps) > 0
     for s in steps:
         assert s.link_bytes % expert_bytes == 0
@@ -137,7 +137,7 @@ def test_offloading_changes_no_token_and_no_logit_only_link_bytes():
 
 
 def test_every_expert_resident_moves_nothing():
-    offload = ExpertOffloadConfig(num_resident=8, link_bytes_per_s=32e9)
+    offload = MoEOffloadConfig(num_resident=8, link_bytes_per_s=32e9)
     engine = LLMEngine(
         EngineConfig(model=TINY_MOE, device="cpu", kv_cache_memory=2**22, moe_offload=offload)
     )
@@ -172,20 +172,20 @@ def test_usage_profile_picks_the_resident_experts_of_an_engine(tmp_path):
     tokens = [[0, 0, 0, 0, 0, 0, 7, 9], [9, 0, 0, 0, 0, 0, 0, 8]]
     path = tmp_path / "experts.json"
     path.write_text(json.dumps({"phases": {"decode": {"tokens": tokens}}}))
-    offload = ExpertOffloadConfig(2, link_bytes_per_s=1e9, usage_profile=str(path))
+    offload = MoEOffloadConfig(2, link_bytes_per_s=1e9, usage_profile=str(path))
     engine = LLMEngine(
         EngineConfig(model=TINY_MOE, device="cpu", kv_cache_memory=2**22, moe_offload=offload)
     )
-    assert engine.expert_offload.resident == [frozenset({6, 7}), frozenset({0, 7})]
-    assert "most routed in" in engine.expert_offload.describe()
+    assert engine.moe_offload.resident == [frozenset({6, 7}), frozenset({0, 7})]
+    assert "most routed in" in engine.moe_offload.describe()
 
 
 @pytest.mark.parametrize(
     ("model", "offload", "fragment"),
     [
-        ("synthetic:tiny", ExpertOffloadConfig(1, link_bytes_per_s=1e9), "dense"),
-        (TINY_MOE, ExpertOffloadConfig(9, link_bytes_per_s=1e9), "more than the model's 8"),
-        (TINY_MOE, ExpertOffloadConfig(4), "no host link"),
+        ("synthetic:tiny", MoEOffloadConfig(1, link_bytes_per_s=1e9), "dense"),
+        (TINY_MOE, MoEOffloadConfig(9, link_bytes_per_s=1e9), "more than the model's 8"),
+        (TINY_MOE, MoEOffloadConfig(4), "no host link"),
     ],
 )
 def test_impossible_offloads_are_user_errors(model, offload, fragment):
@@ -205,4 +205,4 @@ def test_impossible_offloads_are_user_errors(model, offload, fragment):
 )
 def test_bad_offload_configs_are_user_errors(kwargs, fragment):
     with pytest.raises(UserError, match=fragment):
-        ExpertOffloadConfig(**kwargs)
+        MoEOffloadConfig(**kwargs)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from llmbench.errors import UserError
-from llmbench.harness.run_expert_stats import (
+from llmbench.harness.expert_stats_file import (
     EXPERTS_FILE,
     ExpertSnapshots,
     experts_file,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmbench.kernels import cpu_gemv
+from llmbench.kernels import cpu_extension
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -20,8 +20,8 @@ def device() -> torch.device:
 
 
 @pytest.fixture(scope="module")
-def backend() -> cpu_gemv.CpuGemv:
-    """The CPU C++ extension, built or loaded as the engine loads it (`cpu_gemv.default()`)."""
-    result = cpu_gemv.default()
+def backend() -> cpu_extension.CpuExtension:
+    """The CPU C++ extension, built or loaded as the engine loads it (`cpu_extension.default()`)."""
+    result = cpu_extension.default()
     assert result.is_extension, result.reason
     return result

@@ -15,15 +15,15 @@ from llmbench.engine.quant.codes import (
     quantize_int4,
     quantize_int8,
 )
-from llmbench.kernels import cpu_gemv, cpu_quant_gemv
+from llmbench.kernels import cpu_extension, cpu_quant_gemv
 from llmbench.kernels.errors import KernelArgumentError
 
 SHAPES = [(960, 576), (7, 40), (13, 100), (4, 32)]  # padded rows (7, 13), partial groups (40, 100)
 
 
 @pytest.fixture(scope="module")
-def backend() -> cpu_gemv.CpuGemv:
-    result = cpu_gemv.default()
+def backend() -> cpu_extension.CpuExtension:
+    result = cpu_extension.default()
     assert result.has_quant_gemv, f"no VNNI in this build: {result.describe()}"
     return result
 
@@ -43,9 +43,9 @@ def _int8(weight: torch.Tensor):
 
 
 def test_has_quant_gemv_follows_the_isa():
-    assert cpu_gemv.CpuGemv("extension", "x", "avx512bf16_vnni", "ns").has_quant_gemv
-    assert not cpu_gemv.CpuGemv("extension", "x", "avx512bf16", "ns").has_quant_gemv
-    assert not cpu_gemv.CpuGemv("torch", "LLMBENCH_CPU_GEMV=torch").has_quant_gemv
+    assert cpu_extension.CpuExtension("extension", "x", "avx512bf16_vnni", "ns").has_quant_gemv
+    assert not cpu_extension.CpuExtension("extension", "x", "avx512bf16", "ns").has_quant_gemv
+    assert not cpu_extension.CpuExtension("torch", "LLMBENCH_CPU_EXTENSION=torch").has_quant_gemv
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -1,7 +1,9 @@
 """Quantised linear layers: y = x @ dequant(W)^T (+ bias) (+ residual), W stored as int8 or int4.
 
-They are called like the model's `Linear` (`layer(x, residual=None)`) and report the bytes they
-hold (`num_bytes`: codes, scales, zero points, bias). `quantize_linear` builds the right one.
+They are called like the float layer `engine.linear.Linear` (`layer(x, residual=None)`) and
+report the bytes they hold (`num_bytes`: codes, scales, zero points, bias). `quantize_linear`
+builds the right one; `engine.linear.make_linear` calls it when the model is quantised, and
+builds a `Linear` otherwise.
 
 CPU with AVX-512 VNNI and the C++ extension (`VnniLinear`, `kernels.cpu_quant_gemv`): int8
 and int4 (groups of 32) in the extension's layouts, x quantised per 32 to int8 in the call as
@@ -17,7 +19,7 @@ way in and y on the way out. Measured on this 2-core AMD EPYC (AVX-512 BF16/VNNI
 in one pass, median of 7 (ms per pass; `python benchmarks/quant_kernels.py` repeats it):
 
     rows                                   1      2      4      8     16     32    128    512
-    bfloat16 (`model.Linear`: C++ GEMV   6.6    6.9    6.0    8.4   14.1   18.4   40.7    130
+    bfloat16 (`linear.Linear`: C++ GEMV  6.6    6.9    6.0    8.4   14.1   18.4   40.7    130
       up to 16 rows, else oneDNN)
     int8 _weight_int8pack_mm             4.5    4.3    5.1    8.1   14.4   26.0   99.5    382
     int8 → bf16 per call + oneDNN mm    12.2   16.7   16.7   18.5   20.6   25.7   61.4    174
@@ -55,7 +57,7 @@ from llmbench.engine.quant.codes import (
 )
 from llmbench.engine.quant.scheme import QuantScheme
 from llmbench.kernels import cpu_quant_gemv
-from llmbench.kernels.cpu_gemv import CpuGemv
+from llmbench.kernels.cpu_extension import CpuExtension
 
 # The CPU kernels' activation and scale dtype.
 CPU_COMPUTE_DTYPE = torch.bfloat16
@@ -217,7 +219,7 @@ def quantize_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     scheme: QuantScheme,
-    cpu_extension: CpuGemv | None = None,
+    cpu_extension: CpuExtension | None = None,
 ) -> QuantLinear:
     """The quantised layer for weight [out, in] (and its bias, kept in the model's dtype): on a
     CPU the extension's layouts where it has the VNNI matmul (int8, int4 in groups of 32),

@@ -12,8 +12,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#ifndef LLMBENCH_GEMV_NAMESPACE
-#define LLMBENCH_GEMV_NAMESPACE llmbench_cpu_gemv
+#ifndef LLMBENCH_EXTENSION_NAMESPACE
+#define LLMBENCH_EXTENSION_NAMESPACE llmbench_cpu_ext
 #endif
 #define LLMBENCH_STR2(x) #x
 #define LLMBENCH_STR(x) LLMBENCH_STR2(x)
@@ -25,7 +25,7 @@ using OptTensor = c10::optional<at::Tensor>;
 // This library's own ops, found once through the dispatcher.
 c10::OperatorHandle op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(
-      (std::string(LLMBENCH_STR(LLMBENCH_GEMV_NAMESPACE)) + "::" + name).c_str(), "");
+      (std::string(LLMBENCH_STR(LLMBENCH_EXTENSION_NAMESPACE)) + "::" + name).c_str(), "");
 }
 
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const OptTensor& bias,
@@ -89,7 +89,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(LLMBENCH_GEMV_NAMESPACE, m) {
+TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
   m.def(
       "decode_layer(Tensor x, Tensor input_norm, Tensor qkv_weight, Tensor? qkv_bias, "
       "Tensor o_weight, Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, "
@@ -98,4 +98,4 @@ TORCH_LIBRARY_FRAGMENT(LLMBENCH_GEMV_NAMESPACE, m) {
       "int max_context_len, int num_heads, int num_kv_heads, int head_dim) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(LLMBENCH_GEMV_NAMESPACE, CPU, m) { m.impl("decode_layer", &decode_layer); }
+TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) { m.impl("decode_layer", &decode_layer); }

@@ -32,8 +32,8 @@
 #include <immintrin.h>
 #endif
 
-#ifndef LLMBENCH_GEMV_NAMESPACE
-#define LLMBENCH_GEMV_NAMESPACE llmbench_cpu_gemv
+#ifndef LLMBENCH_EXTENSION_NAMESPACE
+#define LLMBENCH_EXTENSION_NAMESPACE llmbench_cpu_ext
 #endif
 
 namespace {
@@ -306,9 +306,9 @@ std::string isa() { return kIsa; }
 
 }  // namespace
 
-TORCH_LIBRARY(LLMBENCH_GEMV_NAMESPACE, m) {
+TORCH_LIBRARY(LLMBENCH_EXTENSION_NAMESPACE, m) {
   m.def("gemv(Tensor x, Tensor weight, Tensor? bias, Tensor? residual) -> Tensor");
   m.def("isa() -> str", &isa);
 }
 
-TORCH_LIBRARY_IMPL(LLMBENCH_GEMV_NAMESPACE, CPU, m) { m.impl("gemv", &gemv); }
+TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) { m.impl("gemv", &gemv); }

@@ -32,8 +32,8 @@
 
 #include "simd.h"
 
-#ifndef LLMBENCH_GEMV_NAMESPACE
-#define LLMBENCH_GEMV_NAMESPACE llmbench_cpu_gemv
+#ifndef LLMBENCH_EXTENSION_NAMESPACE
+#define LLMBENCH_EXTENSION_NAMESPACE llmbench_cpu_ext
 #endif
 
 namespace {
@@ -236,7 +236,7 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
                       const c10::optional<at::Tensor>& scale, int64_t out_features,
                       const c10::optional<at::Tensor>& bias,
                       const c10::optional<at::Tensor>& residual) {
-  TORCH_CHECK(kHasVnni, "quant_gemv: this build has no AVX-512 VNNI (see cpu_gemv's isa)");
+  TORCH_CHECK(kHasVnni, "quant_gemv: this build has no AVX-512 VNNI (see cpu_extension's isa)");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "quant_gemv: x must be [M, K], rows contiguous");
   TORCH_CHECK(codes.is_contiguous(), "quant_gemv: codes must be contiguous");
   const bool is_int4 = scale_zero.has_value();
@@ -287,10 +287,10 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(LLMBENCH_GEMV_NAMESPACE, m) {
+TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
   m.def(
       "quant_gemv(Tensor x, Tensor codes, Tensor? scale_zero, Tensor? scale, int out_features, "
       "Tensor? bias, Tensor? residual) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(LLMBENCH_GEMV_NAMESPACE, CPU, m) { m.impl("quant_gemv", &quant_gemv); }
+TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) { m.impl("quant_gemv", &quant_gemv); }

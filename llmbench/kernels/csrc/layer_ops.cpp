@@ -26,8 +26,8 @@
 
 #include "simd.h"
 
-#ifndef LLMBENCH_GEMV_NAMESPACE
-#define LLMBENCH_GEMV_NAMESPACE llmbench_cpu_gemv
+#ifndef LLMBENCH_EXTENSION_NAMESPACE
+#define LLMBENCH_EXTENSION_NAMESPACE llmbench_cpu_ext
 #endif
 
 namespace {
@@ -500,7 +500,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_cac
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(LLMBENCH_GEMV_NAMESPACE, m) {
+TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_sin, int head_dim) -> ()");
   m.def(
@@ -509,7 +509,7 @@ TORCH_LIBRARY_FRAGMENT(LLMBENCH_GEMV_NAMESPACE, m) {
       "int max_context_len) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(LLMBENCH_GEMV_NAMESPACE, CPU, m) {
+TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rope_", &rope_);
   m.impl("paged_decode_attention", &paged_decode_attention);

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmbench.engine.model import Linear, make_linear
+from llmbench.engine.linear import Linear, make_linear
 from llmbench.engine.quant.codes import dequantize_int4, quantize_int4, quantize_int8
 from llmbench.engine.quant.linear import (
     INT8_KERNEL_MAX_ROWS,
@@ -18,7 +18,7 @@ from llmbench.engine.quant.linear import (
     quantize_linear,
 )
 from llmbench.engine.quant.scheme import parse_quantize
-from llmbench.kernels import cpu_gemv
+from llmbench.kernels import cpu_extension
 
 SCHEMES = ["int8", "int4:32", "int4:64", "int4:128", "int4:32:sym", "int4:128:sym"]
 # Rows around the int8 kernel / dequantise switch, and a prefill-sized batch.
@@ -128,10 +128,12 @@ def test_make_linear_quantises_only_when_asked(monkeypatch):
     weight = torch.randn(64, 32)
     assert isinstance(make_linear(weight), Linear)
     # The extension's VNNI layouts where it has them (int8, int4 in groups of 32), else torch's.
-    vnni = cpu_gemv.default().has_quant_gemv
+    vnni = cpu_extension.default().has_quant_gemv
     for name, torch_layer in (("int8", Int8Linear), ("int4:32", PackedInt4Linear)):
         expected = VnniLinear if vnni else torch_layer
         assert isinstance(make_linear(weight, None, parse_quantize(name)), expected)
     assert isinstance(make_linear(weight, None, parse_quantize("int4:64")), PackedInt4Linear)
-    monkeypatch.setattr(cpu_gemv, "default", lambda: cpu_gemv.CpuGemv("torch", "test"))
+    monkeypatch.setattr(
+        cpu_extension, "default", lambda: cpu_extension.CpuExtension("torch", "test")
+    )
     assert isinstance(make_linear(weight, None, parse_quantize("int8")), Int8Linear)

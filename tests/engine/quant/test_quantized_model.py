@@ -12,7 +12,7 @@ from llmbench.engine.records import StepRecord
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import UserError
 from llmbench.harness.generate_stats import decode_bytes_per_s
-from llmbench.kernels import cpu_gemv
+from llmbench.kernels import cpu_extension
 from llmbench.roofline import cost_model
 from tests.engine.helpers import write_tiny_checkpoint
 
@@ -43,7 +43,7 @@ def test_every_scheme_generates(quantize, dtype):
 
 def test_every_linear_layer_is_quantised_and_the_embedding_is_not():
     model = _engine("synthetic:tiny", "bfloat16", "int4").model
-    vnni = cpu_gemv.default().has_quant_gemv  # the extension's layouts, else torch's
+    vnni = cpu_extension.default().has_quant_gemv  # the extension's layouts, else torch's
     for layer in model.layers:
         for matmul in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
             assert isinstance(matmul, VnniLinear if vnni else PackedInt4Linear)
@@ -86,8 +86,8 @@ def _matrix_bytes(num_out: int, num_in: int, quantize: str | None, dtype_bytes: 
     """Bytes of one [out, in] matrix as the CPU layers store it (the hand count)."""
     if quantize is None:
         return num_out * num_in * dtype_bytes
-    if cpu_gemv.default().has_quant_gemv:  # the extension's layouts: rows to a multiple of 4,
-        rows, groups = -(-num_out // 4) * 4, -(-num_in // 32)  # columns to whole groups of 32
+    if cpu_extension.default().has_quant_gemv:  # the extension's layouts: rows to a multiple
+        rows, groups = -(-num_out // 4) * 4, -(-num_in // 32)  # of 4, columns to groups of 32
         if quantize == "int8":  # codes + a float32 scale per row
             return rows * groups * 32 + rows * 4
         return rows * groups * 16 + rows * groups * 2 * 2  # int4 + float16 scale and zero

@@ -18,13 +18,13 @@ from collections.abc import Callable
 import tokenizers
 from tokenizers import models, pre_tokenizers
 
-from llmbench.engine.tokenizer import _byte_to_char
+from llmbench.engine.gguf_vocab import byte_to_char
 
 MERGES = [("w", "o"), ("r", "d"), ("wo", "rd"), ("Ġ", "word"), ("æ", "Ĺ")]
 
 
 def tiny_bpe() -> tokenizers.Tokenizer:
-    vocab = {char: byte for byte, char in _byte_to_char().items()}
+    vocab = {char: byte for byte, char in byte_to_char().items()}
     for left, right in MERGES:
         vocab[left + right] = len(vocab)
     tokenizer = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=MERGES))

@@ -1,13 +1,21 @@
-"""Profiler events of the CPU 16-bit matmul extension (`kernels.cpu_gemv`): each call is the
-layer whose weight [out, in] it reads, as torch's matmuls are."""
+"""Profiler events of the CPU C++ extension (`kernels.cpu_extension`): each call of its matmul
+(`kernels.cpu_gemv`) is the layer whose weight [out, in] it reads, as torch's matmuls are; its
+per-layer ops (`kernels.cpu_layer_ops`) name themselves."""
 
 from __future__ import annotations
 
 from llmbench.engine.presets import PRESETS
-from llmbench.roofline.profile_ops import OpEvent, classify
+from llmbench.kernels import cpu_extension
+from llmbench.roofline.profile_ops import CPU_EXTENSION_PREFIX, OpEvent, classify
 
 TINY = PRESETS["tiny"]  # h 64, q 64, kv 32, I 128, V 512, 2 layers
-GEMV = "llmbench_cpu_gemv_avx512bf16_0123456789ab::gemv"
+GEMV = "llmbench_cpu_ext_avx512bf16_0123456789ab::gemv"
+
+
+def test_the_prefix_is_the_one_the_library_is_built_with():
+    """profile_ops is torch-free, so it keeps its own copy of the library's name prefix."""
+    assert CPU_EXTENSION_PREFIX == cpu_extension.LIBRARY_PREFIX
+    assert GEMV.startswith(CPU_EXTENSION_PREFIX)
 
 
 def test_extension_calls_are_named_by_their_weight_shape():

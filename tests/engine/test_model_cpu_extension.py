@@ -13,7 +13,7 @@ import torch
 from llmbench.engine.hf_folder import HFFolderSource
 from llmbench.engine.model import LlamaModel
 from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batch
-from llmbench.kernels import cpu_gemv
+from llmbench.kernels import cpu_extension, cpu_gemv
 from tests.engine.helpers import VOCAB, write_tiny_checkpoint
 
 VARIANTS = {
@@ -65,11 +65,15 @@ def test_logits_with_the_extension_match_torch(tmp_path, monkeypatch, variant, d
     assert fast.layers[0].qkv_proj.fast_op is not None
     description = fast.kernels_description
     assert "extension (avx" in description and "): matmuls, rms_norm" in description
+    assert fast.kernels_name == f"C++ extension ({cpu_extension.default().isa})"
 
-    monkeypatch.setattr(cpu_gemv, "default", lambda: cpu_gemv.CpuGemv("torch", "test"))
+    monkeypatch.setattr(
+        cpu_extension, "default", lambda: cpu_extension.CpuExtension("torch", "test")
+    )
     plain, reference = _logits(folder, dtype, prompt.tolist())
     assert plain.layers[0].qkv_proj.fast_op is None and plain.cpu_ops is None
     assert plain.kernels_description.endswith("; torch matmul (test)")
+    assert plain.kernels_name == "torch ops"
     # Rounding in another order: well inside the bf16-vs-float32 gap (~1.3% of the scale).
     tolerance = 0.02 if is_16_bit else 1e-5
     for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
