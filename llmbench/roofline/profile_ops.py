@@ -26,10 +26,13 @@ if TYPE_CHECKING:  # type hints only: torch-free
     from llmbench.engine.config import ModelConfig
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear")
-# The CPU C++ extension's ops (`kernels.cpu_gemv`, `kernels.cpu_layer_ops`): "<namespace>::<op>",
-# the namespace "llmbench_cpu_gemv_<isa>_<build hash>". Its matmul, "gemv", has the inputs
-# (x, weight [out, in], bias, residual); the others name themselves (`EXTENSION_OPS`).
-CPU_GEMV_PREFIX = "llmbench_cpu_gemv_"
+# The CPU C++ extension's ops (`kernels.cpu_extension`): "<namespace>::<op>", the namespace
+# "llmbench_cpu_ext_<isa>_<build hash>" (`cpu_extension.LIBRARY_PREFIX`, not imported: this
+# module is torch-free). Its matmul, "gemv", has the inputs (x, weight [out, in], bias,
+# residual); the others name themselves (`EXTENSION_OPS`). Only the current prefix: events are
+# classified in the process that recorded them, which can only have loaded the library its own
+# code builds, so an older build's namespace ("llmbench_cpu_gemv_...") is never met.
+CPU_EXTENSION_PREFIX = "llmbench_cpu_ext_"
 EXTENSION_OPS = {"rms_norm": "rms_norm", "rope_": "rope", "paged_decode_attention": "attention"}
 TRANSPOSES = ("aten::t", "aten::transpose", "aten::permute", "aten::numpy_T")
 # An anchor → the op that the events after it (until the next anchor) belong to.
@@ -80,7 +83,7 @@ def _weight_shape(event: OpEvent) -> tuple[int, int] | None:
     if len(event.shapes) <= position or len(event.shapes[position]) != 2:
         return None
     rows, cols = event.shapes[position]
-    is_out_in = event.name == "aten::linear" or event.name.startswith(CPU_GEMV_PREFIX)
+    is_out_in = event.name == "aten::linear" or event.name.startswith(CPU_EXTENSION_PREFIX)
     return (cols, rows) if is_out_in else (rows, cols)
 
 
@@ -91,7 +94,7 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
     labels: list[str] = []
     region, num_down = "inputs", 0
     for event in events:
-        is_extension = event.name.startswith(CPU_GEMV_PREFIX)
+        is_extension = event.name.startswith(CPU_EXTENSION_PREFIX)
         extension_op = event.name.rpartition("::")[2] if is_extension else None
         label = EXTENSION_OPS.get(extension_op) if is_extension else NAMED.get(event.name)
         if event.name in MATMULS or extension_op == "gemv":
