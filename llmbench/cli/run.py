@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 
@@ -82,11 +83,14 @@ def run(
 ) -> None:
     """Benchmark WORKLOAD (a YAML file, or a shipped name: chat, rag, agentic).
 
-    Prints a summary and, as the last line of stdout, the run folder. SIGINT, SIGTERM and SIGHUP
-    stop the run with what it measured saved (exit 130, 143, 129); an engine crash too (one
-    line naming the error, exit 1). A run whose measured requests all failed exits 1 with the
-    most common error in one line, its results and reports written (with --strict, also one
-    that failed more than max_failed_fraction).
+    Prints a summary and, as the last line of stdout, the run folder; a sweep (`load.sweep`)
+    prints each point's summary on stderr, then a table of its points and, last, the sweep
+    folder. `--set load.kind=...` (or `workload.kind`) switches the kind, dropping the keys of
+    the old kind the new one lacks, with a note. SIGINT, SIGTERM and SIGHUP stop the run with
+    what it measured saved (exit 130, 143, 129); an engine crash too (one line naming the
+    error, exit 1). A run whose measured requests all failed exits 1 with the most common error
+    in one line, its results and reports written (with --strict, also one that failed more
+    than max_failed_fraction).
 
     With variants (`--vary`, or `variants:` in the spec) each configuration runs in turn into
     OUT/variants/<name>/, a whole run folder of its own, and OUT/report.html puts them side by
@@ -112,9 +116,13 @@ def run(
         if variants:
             _run_variants(spec, variants, out, strict)
             return
-        # A shard holds part of a run: the reports are the merged folder's (`llmbench merge`).
-        reports = write_reports if own_shard is None else lambda _: None
-        execute(spec, out, reports, is_strict=strict, shard=own_shard)
+        if own_shard is None:
+            reports, sweep_report = write_reports, lambda root: _sweep_report(root, spec)
+        else:  # A shard holds part of a run: the reports are the merged folder's (`merge`).
+            reports, sweep_report = (lambda _: None), click.echo
+        execute(
+            spec, out, reports, is_strict=strict, shard=own_shard, write_sweep_report=sweep_report
+        )
     except RunFailed as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -140,6 +148,25 @@ def _run_variants(spec, variants, out: Path | None, strict: bool) -> None:
         click.echo(root)
 
     execute_variants(spec, variants, out, write_reports, top_report, is_strict=strict)
+
+
+def _sweep_report(root: Path, spec) -> None:
+    """A sweep folder's reports, then a table of its points (the numbers of report.md's, with
+    the requests completed and failed) and, as the last line of stdout, the folder."""
+    from llmbench.reports import rundata, tables
+    from llmbench.reports.render import write_reports
+    from llmbench.reports.variant_tables import text_table
+
+    write_reports(root)
+    points = rundata.sweep_points(root)
+    load = "concurrency" if spec.load.kind == "concurrency" else "rate/s"
+    header = [load, "completed", "failed", *tables.SWEEP_HEADER[1:]]
+    rows = [
+        [row[0], str(run.summary["num_completed"]), str(run.summary["num_failed"]), *row[1:]]
+        for run, row in zip(points, tables.sweep_rows(points), strict=True)
+    ]
+    click.echo("\n" + "\n".join(text_table(header, rows)))
+    click.echo(root)
 
 
 @click.command()
@@ -196,12 +223,20 @@ def _rebuild_missing_results(folder: Path) -> None:
 
 
 def _workload_path(workload: str) -> Path:
+    """A YAML path, or the name of a shipped workload; a name that is neither is one line, with
+    the closest shipped name when one is close (`chta`: did you mean chat?)."""
     path = Path(workload)
     if path.is_file():
         return path
-    shipped = Path(__file__).resolve().parents[1] / "workloads" / f"{workload}.yaml"
-    if path.suffix == "" and shipped.is_file():
-        return shipped
-    raise UserError(
-        f"workload '{workload}': no such file; give a YAML path or one of chat, rag, agentic"
-    )
+    folder = Path(__file__).resolve().parents[1] / "workloads"
+    shipped = sorted(p.stem for p in folder.glob("*.yaml"))
+    if path.suffix == "" and workload in shipped:
+        return folder / f"{workload}.yaml"
+    names = ", ".join(shipped)
+    close = difflib.get_close_matches(path.stem, shipped, n=1) if path.parent == Path() else []
+    if close:
+        raise UserError(
+            f"workload '{workload}': no such file; did you mean {close[0]}? (give a YAML path "
+            f"or one of {names})"
+        )
+    raise UserError(f"workload '{workload}': no such file; give a YAML path or one of {names}")

@@ -3,7 +3,9 @@ has no sweep), each in this process (`run_point`) or in worker processes (`run_w
 
 The folder is created and checked before anything slow (`run_folder`); `llmbench quality` of
 the run's configuration is measured once, before the workload, so every point shows it. A
-signal or an engine crash ends the sweep with the finished points' reports written.
+signal or an engine crash ends the sweep with the finished points' reports written. Each point
+prints its summary (on stderr for a sweep's points) and its folder; a sweep ends with its own
+report (`write_sweep_report`: a table of the points, then the sweep folder, the last line).
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ def execute(
     *,
     is_strict: bool = False,
     shard: shards.Shard | None = None,
+    write_sweep_report: Callable[[Path], object] | None = None,
 ) -> Path:
     """Run the spec (every sweep point) and write the run folder; returns its path.
 
-    `write_reports(folder)` renders the reports of a finished run or sweep folder (the reports
-    layer sits above this one, so the caller hands it in). A signal ends the run with its
-    results saved, then raises `RunInterrupted`; an engine crash likewise, then re-raises its
-    `BackendFailure`; a folder that cannot be written is a `UserError` before any work. A run
-    (or sweep point) whose measured requests all failed, or with `is_strict` more of them than
+    `write_reports(folder)` renders the reports of a finished run or sweep point (the reports
+    layer sits above this one, so the caller hands it in); `write_sweep_report(root)` those of
+    the sweep folder once its points are done (or stopped), and prints what the caller wants
+    printed (default: `write_reports`). A signal ends the run with its results saved, then
+    raises `RunInterrupted`; an engine crash likewise, then re-raises its `BackendFailure`; a
+    folder that cannot be written is a `UserError` before any work. A run (or sweep point)
+    whose measured requests all failed, or with `is_strict` more of them than
     `spec.max_failed_fraction`, raises `RunFailed` once everything is written. With `shard`,
     only that shard of the schedule runs (`--shard i/N`; `llmbench merge` joins the shards).
     """
@@ -68,10 +73,10 @@ def execute(
         except (RunInterrupted, BackendFailure):
             if any(root.glob(f"point-*/{RESULTS_FILE}")):
                 with stop.saving():
-                    write_reports(root)
+                    (write_sweep_report or write_reports)(root)
             raise
         with stop.saving():
-            write_reports(root)
+            (write_sweep_report or write_reports)(root)
     if stop.signum is not None:
         raise RunInterrupted(stop.signum)
     if verdicts:

@@ -3,13 +3,22 @@
 The YAML is read with the line of every key (`yaml_source`), `--set key.path=value` overrides
 are applied, the data is converted strictly (`plain_data`) and checked for values that are
 well-typed but impossible (`load.rate_per_s: must be > 0`); every mistake is one line with the
-file, the key path and the line: `workloads/x.yaml:12: load.rate_per_s: must be > 0, got -1`.
+file, the key path and the line: `workloads/x.yaml:12: load.rate_per_s: must be > 0, got -1`, or
+the `--set` that made it: `--set load.rate_per_s=-1: load.rate_per_s: must be > 0, got -1.0`.
+
+A `--set` of a section's kind (`load.kind=concurrency` over a poisson load) drops the keys of
+the section the new kind has no field for, with a note on stderr naming them; a YAML that mixes
+the keys of two kinds is still an error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import string
+import sys
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +46,69 @@ from llmbench.roofline.cost_model import BYTES_PER_ELEM
 from llmbench.roofline.datasheets import HARDWARE, datasheet, link_bandwidth
 
 
-def load_spec(path: Path, overrides: list[str] = ()) -> RunSpec:
-    """Read a workload YAML, apply `key.path=value` overrides, and check everything."""
-    data, lines = read_spec_data(path, overrides)
+def print_note(line: str) -> None:
+    """A note of the spec's loading (`note: --set load.kind=... drops ...`), on stderr."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def load_spec(
+    path: Path, overrides: Sequence[str] = (), say: Callable[[str], None] = print_note
+) -> RunSpec:
+    """Read a workload YAML, apply `key.path=value` overrides, and check everything; `say`
+    gets the notes of the overrides (a kind switched, keys dropped)."""
+    source = read_spec_data(path, overrides, say)
     try:
-        return build_spec(data)
+        return build_spec(source.data)
     except SpecError as e:
-        raise located(e, str(path), lines) from None
+        raise source.error(e) from None
 
 
-def read_spec_data(path: Path, overrides: list[str] = ()) -> tuple[dict[str, Any], dict[str, int]]:
-    """A workload YAML as plain data with the `key.path=value` overrides set (not yet checked),
-    and the line of every key path in it (0: set by an override)."""
+@dataclass(frozen=True)
+class SpecData:
+    """A workload YAML as plain data with its `--set` overrides set (not yet checked): the
+    file, the line of every key path it holds, and each key an override set, with the option
+    as typed (`--set load.rate_per_s=-1`), the last one set last."""
+
+    path: Path
+    data: dict[str, Any]
+    lines: dict[str, int]
+    sets: dict[str, str]
+
+    def error(self, e: SpecError) -> UserError:
+        """`e` as the one line a person reads: `--set KEY=VALUE: key.path: reason` when an
+        override made it, `file:line: key.path: reason` when the file did."""
+        key = self._set_by(e.path)
+        if key is None:
+            return located(e, str(self.path), self.lines)
+        option = self.sets[key]
+        return UserError(f"{option}: {e.path}: {e.reason}{_list_hint(key, option, e)}")
+
+    def _set_by(self, path: str) -> str | None:
+        """The override a mistake at `path` comes from: the one that set `path` (or a key
+        under it, or the section on its way), else, for a key the file does not hold (a
+        required one, a default made impossible), the one that set its section's `kind`."""
+        keys = list(reversed(self.sets))
+        key = owner(path, keys)
+        if key is None and path not in self.lines:
+            kinds = [k for k in keys if k.endswith(".kind")]
+            key = next((k for k in kinds if path.startswith(k.removesuffix("kind"))), None)
+        return key
+
+
+def _list_hint(key: str, option: str, e: SpecError) -> str:
+    """What to type when a `--set` value meant as a list was read as one value: YAML reads
+    `load.sweep=1,2` as the string "1,2"."""
+    raw = option.partition("=")[2].strip()
+    if e.path != key or not e.reason.startswith("must be a list") or raw.startswith("["):
+        return ""
+    return f"; write {key}=[{raw}]"
+
+
+def read_spec_data(
+    path: Path, overrides: Sequence[str] = (), say: Callable[[str], None] = print_note
+) -> SpecData:
+    """A workload YAML as plain data with the `key.path=value` overrides set, in order (not yet
+    checked); `say` gets a note for each override that switches a kind and drops keys."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -57,14 +117,22 @@ def read_spec_data(path: Path, overrides: list[str] = ()) -> tuple[dict[str, Any
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise UserError(f"{path}: the top level must be a mapping of keys")
+    sets: dict[str, str] = {}
     for override in overrides:
         key, raw = split_override(override, "--set")
+        option = f"--set {override}"
         try:
-            set_path(data, key, override_value(raw, f"--set {override}"))
+            switch = set_override(data, key, override_value(raw, option))
         except SpecError as e:
-            raise UserError(f"--set {e.path}: {e.reason}") from None
-        lines[key] = 0
-    return data, lines
+            raise UserError(f"{option}: {e.path}: {e.reason}") from None
+        sets.pop(key, None)  # the last --set of a key is the one that holds
+        sets[key] = option
+        if switch is not None:
+            say(f"note: {option} {switch.text}")
+            for dropped in switch.dropped:  # gone: no mistake can be there any more
+                lines.pop(dropped, None)
+                sets.pop(dropped, None)
+    return SpecData(path, data, lines, sets)
 
 
 def split_override(text: str, option: str, form: str = "key.path=value") -> tuple[str, str]:
@@ -82,6 +150,16 @@ def override_value(raw: str, where: str) -> Any:
         return yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as e:
         raise UserError(f"{where}: not a YAML value ({getattr(e, 'problem', e)})") from None
+
+
+def owner(path: str, keys: Sequence[str]) -> str | None:
+    """The first of the set `keys` a mistake at `path` belongs to: the key itself, a key under
+    it (`engine.speculative` → `engine.speculative.method`), or a section on its way (an
+    unknown `enigne` of `enigne.quantize`)."""
+    for key in keys:
+        if path == key or path.startswith((f"{key}.", f"{key}[")) or key.startswith(f"{path}."):
+            return key
+    return None
 
 
 def build_spec(data: dict[str, Any]) -> RunSpec:
@@ -114,6 +192,57 @@ def set_path(data: dict, key: str, value: Any) -> None:
             raise SpecError(key, f"'{part}' is not a section")
         node = child
     node[parts[-1]] = value
+
+
+# The sections whose dataclass their `kind` chooses (`plain_data` builds them by kind).
+KIND_SECTIONS: dict[str, Any] = {"load": LoadSpec, "workload": WorkloadSpec}
+
+
+@dataclass(frozen=True)
+class KindSwitch:
+    """An override that switched `section`'s kind from `old`, dropping the `dropped` key paths
+    (the old kind's keys the new one has no field for)."""
+
+    section: str
+    old: str
+    dropped: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        """`drops load.rate_per_s (a field of poisson loads)`."""
+        what = "a field" if len(self.dropped) == 1 else "fields"
+        return f"drops {', '.join(self.dropped)} ({what} of {self.old} {self.section}s)"
+
+
+def set_override(data: dict, key: str, value: Any) -> KindSwitch | None:
+    """Set dotted `key` in spec data as `set_path` does; setting a section's kind to another
+    kind (`load.kind`, `workload.kind`) also drops the section's keys the new kind has no field
+    for: what it dropped, or None."""
+    section, _, name = key.rpartition(".")
+    node = data.get(section) if name == "kind" and section in KIND_SECTIONS else None
+    if not isinstance(node, dict):
+        set_path(data, key, value)
+        return None
+    fields = _fields_by_kind(KIND_SECTIONS[section])
+    old = node.get("kind", next(iter(fields)))  # no kind written: the first, as plain_data does
+    node["kind"] = value
+    if not (isinstance(old, str) and isinstance(value, str)):
+        return None  # not a kind at all: its error comes when the spec is built
+    if old == value or old not in fields or value not in fields:
+        return None  # the same kind, or an unknown one (its error comes when the spec is built)
+    dropped = [k for k in node if k not in fields[value]]
+    for k in dropped:
+        del node[k]
+    return KindSwitch(section, old, tuple(f"{section}.{k}" for k in dropped)) if dropped else None
+
+
+def _fields_by_kind(union: Any) -> dict[str, set[str]]:
+    """kind → the field names of its dataclass, for a union told apart by `kind`."""
+    return {
+        kind: {f.name for f in dataclasses.fields(cls)}
+        for cls in typing.get_args(union)
+        for kind in typing.get_args(typing.get_type_hints(cls)["kind"])
+    }
 
 
 def _check(spec: RunSpec) -> None:

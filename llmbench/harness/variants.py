@@ -5,6 +5,8 @@ engine.quantize=none,int8,int4` option says what each configuration changes, wit
 and the values `--set` takes (set over the spec as written and its `--set` overrides; a variant
 without `set` is the spec as written). Every variant's spec is built and checked here, before
 anything runs: a problem is one line naming `variants[i].set.<key>` (or the `--vary` option).
+A variant that sets a kind (`--vary load.kind=concurrency,poisson`) drops the old kind's keys
+as `--set` does, with the same note (once per key and value).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from llmbench.harness.spec import RunSpec
 from llmbench.harness.spec_load import (
     build_spec,
     override_value,
+    owner,
+    print_note,
     read_spec_data,
-    set_path,
+    set_override,
     split_override,
 )
 from llmbench.harness.yaml_source import SpecError, located
@@ -50,36 +54,51 @@ class Variant:
 
 
 def load_variants(
-    path: Path, overrides: Sequence[str] = (), vary: Sequence[str] = ()
+    path: Path,
+    overrides: Sequence[str] = (),
+    vary: Sequence[str] = (),
+    say: Callable[[str], None] = print_note,
 ) -> tuple[RunSpec, tuple[Variant, ...]]:
     """The spec at `path` with its `--set` `overrides`, and its variants, none for a plain run:
     the spec's `variants:` list, or the `--vary` options (one variant per value; several
-    options: one per combination), never both."""
-    data, lines = read_spec_data(path, list(overrides))
+    options: one per combination), never both. `say` gets the notes of kinds switched."""
+    source = read_spec_data(path, list(overrides), say)
+    data = source.data
     listed = data.pop(VARIANTS_KEY, None)
     try:
         base = build_spec(data)
         if (listed is not None or vary) and base.load.sweep:
             raise SpecError("load.sweep", NOT_WITH_SWEEP)
     except SpecError as e:
-        raise located(e, str(path), lines) from None
+        raise source.error(e) from None
     if listed is None and not vary:
         return base, ()
     if listed is not None and vary:
         raise UserError(f"--vary: {path} lists variants already; use one or the other")
+    notes: dict[str, None] = {}  # each note once, in order: the same switch in many variants
+
+    def note(line: str) -> None:
+        if line not in notes:
+            notes[line] = None
+            say(line)
+
     if listed is not None:
         try:
             named = listed_settings(listed)
         except SpecError as e:
-            raise located(e, str(path), lines) from None
+            raise located(e, str(path), source.lines) from None
         variants = []
         for i, (name, settings) in enumerate(named):
 
             def blame(key: str | None, e: SpecError, i: int = i) -> UserError:
                 at = f"{VARIANTS_KEY}[{i}]" + ("" if key is None else f".set.{key}")
-                return located(SpecError(at, _reason(key, e)), str(path), lines)
+                return located(SpecError(at, _reason(key, e)), str(path), source.lines)
 
-            variants.append(Variant(name, settings, variant_spec(data, settings, blame)))
+            def told(key: str, text: str, i: int = i, settings=settings) -> None:
+                note(f"note: {VARIANTS_KEY}[{i}] sets {key}={_text(settings[key])}: {text}")
+
+            spec = variant_spec(data, settings, blame, told)
+            variants.append(Variant(name, settings, spec))
         return base, tuple(variants)
     variants = []
     for name, settings in vary_settings(vary):
@@ -88,7 +107,10 @@ def load_variants(
             where = f"{key}={_text(settings[key])}" if key is not None else f"variant {name}"
             return UserError(f"--vary {where}: {_reason(key, e)}")
 
-        variants.append(Variant(name, settings, variant_spec(data, settings, blame)))
+        def told(key: str, text: str, settings=settings) -> None:
+            note(f"note: --vary {key}={_text(settings[key])} {text}")
+
+        variants.append(Variant(name, settings, variant_spec(data, settings, blame, told)))
     return base, tuple(variants)
 
 
@@ -180,29 +202,23 @@ def variant_spec(
     data: dict[str, Any],
     settings: Mapping[str, Any],
     blame: Callable[[str | None, SpecError], UserError],
+    told: Callable[[str, str], None] = lambda key, text: None,
 ) -> RunSpec:
     """The spec `data` with `settings` set, checked; a problem goes to `blame` with the set key
-    it comes from (None: from the spec as written, made impossible by the settings)."""
+    it comes from (None: from the spec as written, made impossible by the settings); a set kind
+    that drops keys goes to `told` with what it dropped (`drops load.rate_per_s (...)`)."""
     resolved = copy.deepcopy(data)
     try:
         for key, value in settings.items():
-            set_path(resolved, key, copy.deepcopy(value))
+            switch = set_override(resolved, key, copy.deepcopy(value))
+            if switch is not None:
+                told(key, switch.text)
         spec = build_spec(resolved)
         if spec.load.sweep:
             raise SpecError("load.sweep", NOT_WITH_SWEEP)
     except SpecError as e:
-        raise blame(_owner(e.path, settings), e) from None
+        raise blame(owner(e.path, list(settings)), e) from None
     return spec
-
-
-def _owner(path: str, keys: Sequence[str] | Mapping[str, Any]) -> str | None:
-    """The set key a problem at `path` belongs to: the key itself, a key under it
-    (`engine.speculative` → `engine.speculative.method`), or a section on its way (an unknown
-    `enigne` of `enigne.quantize`)."""
-    for key in keys:
-        if path == key or path.startswith((f"{key}.", f"{key}[")) or key.startswith(f"{path}."):
-            return key
-    return None
 
 
 def _reason(key: str | None, e: SpecError) -> str:

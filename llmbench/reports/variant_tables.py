@@ -4,7 +4,7 @@ alone (`variants.json` and each `variants/<name>/results.json`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,13 +265,31 @@ def terminal_table(variants: list[VariantRun]) -> str:
             )
         )
     width = max([len("variant"), *(len(v.name) for v in variants)]) + 2
-    lines = [f"{'variant':<{width}}" + "".join(f"{h:>16}" for h, _ in columns)]
-    for v in shown:
-        lines.append(f"{v.name:<{width}}" + "".join(f"{show(v):>16}" for _, show in columns))
+    header = ["variant", *(h for h, _ in columns)]
+    rows = [[v.name, *(show(v) for _, show in columns)] for v in shown]
+    lines = text_table(header, rows, [width, *[16] * len(columns)])
     for v in variants:
         if v.entry.status != "done":
             lines.append(f"{v.name:<{width}}{v.entry.status}: {v.entry.error or '-'}")
     return "\n".join(lines)
+
+
+def text_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int] | None = None
+) -> list[str]:
+    """A table's lines for the terminal (the variants', a sweep's): the first column
+    left-aligned, the others right-aligned, each `widths` wide (default: as wide as its widest
+    cell, and two spaces before each column but the first)."""
+    if widths is None:
+        widths = [
+            max(len(row[i]) for row in (header, *rows)) + (2 if i else 0)
+            for i in range(len(header))
+        ]
+    return [
+        f"{row[0]:<{widths[0]}}"
+        + "".join(f"{cell:>{w}}" for cell, w in zip(row[1:], widths[1:], strict=True))
+        for row in (header, *rows)
+    ]
 
 
 def _bpp(run: RunData) -> str:

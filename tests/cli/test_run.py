@@ -472,3 +472,72 @@ def test_vary_and_listed_variants_together_is_a_user_error(tmp_path):
     result = llmbench("run", str(spec), "--vary", "seed=1,2", "--out", str(tmp_path / "out"))
     assert_user_error(result, "--vary:", "lists variants already; use one or the other")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["chat", "--set", "load.rate_per_s=-1"],
+            "error: --set load.rate_per_s=-1: load.rate_per_s: must be > 0, got -1.0",
+        ),
+        (
+            ["chat", "--set", "workload.sesions=3"],
+            "error: --set workload.sesions=3: workload.sesions: unknown key; known keys here: "
+            "kind, output_tokens, sessions, system_prompt_tokens,",
+        ),
+        (
+            ["chat", "--set", "load.sweep=1,2"],
+            "error: --set load.sweep=1,2: load.sweep: must be a list, got str; write "
+            "load.sweep=[1,2]",
+        ),
+        (
+            ["chta"],
+            "error: workload 'chta': no such file; did you mean chat? (give a YAML path or one of "
+            "agentic, chat, rag)",
+        ),
+    ],
+)
+def test_a_mistyped_run_is_one_line_that_says_what_to_type(tmp_path, args, line):
+    """A mistake in a --set names the --set as typed (not the shipped YAML, with no line), and
+    a mistyped workload name gets the closest shipped one."""
+    result = llmbench("run", *args, "--out", str(tmp_path / "out"))
+    assert_user_error(result)
+    assert result.stderr.startswith(line), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_set_kind_and_a_sweep_say_what_was_dropped_and_end_with_a_table_and_the_folder(
+    tmp_path,
+):
+    """chat.yaml's load is poisson: `--set load.kind=concurrency` drops its rate with a note; a
+    sweep prints each point's summary on stderr, then a row per point, then the sweep folder
+    as the last line (before: the last point's folder, and no table)."""
+    out = tmp_path / "sweep"
+    small = ["workload.sessions=2", "workload.turns=2", "workload.think_time_s=0.01"]
+    sets = [*small, "workload.output_tokens=8", "load.kind=concurrency", "load.sweep=[1,2]"]
+    options = [part for s in sets for part in ("--set", s)]
+    result = llmbench("run", "chat", *TINY, *options, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    note = "note: --set load.kind=concurrency drops load.rate_per_s (a field of poisson loads)"
+    assert note in result.stderr.splitlines()
+    lines = result.stdout.splitlines()
+    assert lines[-1] == str(out)
+    header, *rows = lines[-4:-1]
+    assert header.split() == [
+        "concurrency", "completed", "failed", "output", "tok/s", "TTFT", "p50", "TTFT", "p99",
+        "TPOT", "p50", "TPOT", "p99", "decode", "MBU",
+    ]  # fmt: skip
+    for point, row in zip((1, 2), rows, strict=True):
+        results = json.loads((out / f"point-{point}" / "results.json").read_text())
+        assert results["spec"]["load"]["kind"] == "concurrency"
+        s = results["summary"]
+        assert row.split()[:4] == [
+            str(point),
+            str(s["num_completed"]),
+            str(s["num_failed"]),
+            f"{s['output_tok_per_s']:,.1f}",
+        ]
+    # Each point's own summary is on stderr; stdout holds the folders and the table.
+    assert result.stderr.count(" requests completed, ") == 2
+    assert lines[:2] == [str(out / "point-1"), str(out / "point-2")]

@@ -1,4 +1,5 @@
-"""RunSpec loading: every mistake is one line naming the file, the line and the key path."""
+"""RunSpec, the schema: the fields and kinds a YAML gives, their defaults, what the hash holds,
+and each kind taking only its own keys (reading a YAML and `--set`: test_spec_load)."""
 
 from __future__ import annotations
 
@@ -58,72 +59,6 @@ slo: {ttft_ms: 500}
     assert spec.slo == {"ttft_ms": 500.0}
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("name: t\nlod:\n  kind: poisson\n", "x.yaml:2: lod: unknown key; known keys here:"),
-        (
-            "load:\n  kind: poisson\n  rate_per_s: -1\n",
-            "x.yaml:3: load.rate_per_s: must be > 0, got -1.0",
-        ),
-        ("load:\n  kind: poisson\n", "load.rate_per_s: required for load kind 'poisson'"),
-        (
-            "workload:\n  sessions: many\n",
-            "x.yaml:2: workload.sessions: must be an integer, got 'many'",
-        ),
-        (
-            "workload:\n  kind: poem\n",
-            "workload.kind: must be one of chat, rag, agentic, got 'poem'",
-        ),
-        (
-            "workload:\n  user_tokens: {dist: uniform, min: 5, max: 2}\n",
-            "workload.user_tokens.min: must be <= max (2.0), got 5.0",
-        ),
-        (
-            "workload:\n  user_tokens: {dist: normal, mean: 5}\n",
-            "workload.user_tokens.std: required for dist 'normal'",
-        ),
-        (
-            "workload:\n  user_tokens: {dist: fixed, value: 5, colour: red}\n",
-            "x.yaml:2: workload.user_tokens.colour: unknown key",
-        ),
-        (
-            "slo:\n  latency: 5\n",
-            "slo.latency: unknown SLO; use ttft_ms, ttft_from_send_ms, tpot_ms, itl_ms, e2e_ms, "
-            "queue_ms",
-        ),
-        ("backend:\n  kind: openai\n", "backend.url: required for backend kind 'openai'"),
-        (
-            "backend:\n  hardware: abacus\n",
-            "backend.hardware: unknown 'abacus'; use measured or one of A100-40GB,",
-        ),
-        ("a: [1, 2\n", "x.yaml:2: not valid YAML"),
-        ("- 1\n- 2\n", "the top level must be a mapping"),
-    ],
-)
-def test_mistakes_are_named(tmp_path, text, message):
-    with pytest.raises(UserError) as err:
-        load_spec(write(tmp_path, text))
-    assert message in str(err.value)
-    assert "\n" not in str(err.value)
-
-
-def test_overrides_go_through_the_same_checks(tmp_path):
-    path = write(tmp_path, "load:\n  kind: concurrency\n")
-    spec = load_spec(
-        path, ["load.concurrency=8", "workload.output_tokens=16", "model=synthetic:tiny"]
-    )
-    assert spec.load.concurrency == 8
-    assert spec.workload.output_tokens.value == 16
-    assert spec.model == "synthetic:tiny"
-    with pytest.raises(UserError, match="load.concurrency: must be > 0, got 0"):
-        load_spec(path, ["load.concurrency=0"])
-    with pytest.raises(UserError, match="workload.sesions: unknown key"):
-        load_spec(path, ["workload.sesions=3"])
-    with pytest.raises(UserError, match="expected key.path=value"):
-        load_spec(path, ["load.concurrency"])
-
-
 def test_spec_hash_is_stable_and_sensitive(tmp_path):
     path = write(tmp_path, "name: t\n")
     assert load_spec(path).hash() == load_spec(path).hash()
@@ -141,11 +76,6 @@ def test_repeat_is_at_least_1_and_not_part_of_the_hash(tmp_path):
     assert str(err.value) == f"{tmp_path / 'x.yaml'}:2: repeat: must be >= 1, got 0"
     with pytest.raises(UserError, match="repeat: must be an integer, got 'twice'"):
         load_spec(path, ["repeat=twice"])
-
-
-def test_missing_file(tmp_path):
-    with pytest.raises(UserError, match="cannot read"):
-        load_spec(tmp_path / "nope.yaml")
 
 
 @pytest.mark.parametrize(
@@ -235,14 +165,6 @@ def test_kind_chooses_the_dataclass(tmp_path, text, workload_type, load_type):
 def test_trace_load_has_no_rate_and_no_sweep(tmp_path):
     load = load_spec(write(tmp_path, "load: {kind: trace, trace: t.jsonl}")).load
     assert (load.kind, load.trace, load.rate_per_s, load.sweep) == ("trace", "t.jsonl", None, None)
-
-
-def test_override_of_the_kind_is_checked_against_the_file_keys(tmp_path):
-    path = write(tmp_path, "workload:\n  kind: chat\n  turns: 2\n")
-    with pytest.raises(UserError, match=r"x.yaml:3: workload.turns: not a field of rag workloads"):
-        load_spec(path, ["workload.kind=rag"])
-    spec = load_spec(path, ["workload.kind=chat", "workload.think_time_s=0.5"])
-    assert spec.workload.think_time_s == Dist(dist="fixed", value=0.5)
 
 
 def test_to_dict_holds_the_kind_and_its_fields_only(tmp_path):
@@ -487,7 +409,10 @@ def test_quality_block_loads_and_is_left_out_of_the_hash(tmp_path):
     [
         (["quality.tokens=1"], "quality.tokens: must be >= 2, got 1"),
         (["quality.generate=-1"], "quality.generate: must be >= 0, got -1"),
-        (["quality.colour=red"], "quality: unknown key; known keys here: context, generate,"),
+        (
+            ["quality.colour=red"],
+            "quality.colour: unknown key; known keys here: context, generate,",
+        ),
         (
             ["backend.kind=openai", "backend.url=http://h/v1", "quality.tokens=64"],
             "quality: only for backend kind 'engine'",

@@ -211,3 +211,42 @@ def test_describe():
     assert describe(settings) == (
         'engine.quantize=int8, engine.kv_cache_dtype={"k": "int8", "v": "int4"}'
     )
+
+
+def test_a_varied_kind_drops_the_old_kinds_keys_with_one_note(tmp_path):
+    """`--vary load.kind=...` over a rate load: the concurrency variants drop the rate (before:
+    `--vary variant concurrency_1: load.rate_per_s: not a field of concurrency loads`)."""
+    path = write(tmp_path, "name: t\nload: {kind: poisson, rate_per_s: 2}\n")
+    notes: list[str] = []
+    _, variants = load_variants(
+        path, (), ["load.kind=concurrency,poisson", "seed=1,2"], notes.append
+    )
+    assert [(v.name, v.spec.load.kind) for v in variants] == [
+        ("concurrency_1", "concurrency"),
+        ("concurrency_2", "concurrency"),
+        ("poisson_1", "poisson"),
+        ("poisson_2", "poisson"),
+    ]
+    assert variants[2].spec.load.rate_per_s == 2.0
+    # Said once, though two variants switch.
+    assert notes == [
+        "note: --vary load.kind=concurrency drops load.rate_per_s (a field of poisson loads)"
+    ]
+    listed = write(
+        tmp_path,
+        "name: t\nload: {kind: poisson, rate_per_s: 2}\nvariants:\n  - name: closed\n"
+        "    set: {load.kind: concurrency, load.concurrency: 2}\n",
+    )
+    notes.clear()
+    _, (closed,) = load_variants(listed, (), (), notes.append)
+    assert (closed.spec.load.kind, closed.spec.load.concurrency) == ("concurrency", 2)
+    assert notes == [
+        "note: variants[0] sets load.kind=concurrency: drops load.rate_per_s (a field of poisson "
+        "loads)"
+    ]
+
+
+def test_a_set_mistake_with_variants_names_the_set(tmp_path):
+    with pytest.raises(UserError) as err:
+        load_variants(write(tmp_path, BASE), ["load.concurrency=0"], ["seed=1,2"])
+    assert str(err.value) == "--set load.concurrency=0: load.concurrency: must be > 0, got 0"
