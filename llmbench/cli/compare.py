@@ -58,12 +58,14 @@ def compare(
     """Compare NEW against BASE on every gate: change, 95% bootstrap interval, verdict.
 
     BASE and NEW are run folders, sweep folders (compared point by point) or results.json files.
-    A gate fails only when the whole interval lies past its threshold. Exit 0: no regression;
-    1: a regression (each failing gate named on stderr); 2: unusable input (missing or corrupt
-    files, an unknown schema version, runs of different benchmarks without --force). A
-    regression measured on a busy machine is inconclusive unless --allow-busy. The Markdown is
-    appended to $GITHUB_STEP_SUMMARY when it is set. JSON: a sweep's is {"has_regression",
-    "points": [...]}, one object per point."""
+    A gate fails only when the whole interval lies past its threshold; a rate or roofline
+    fraction from a side of one repetition has no interval and is judged on its change. Exit 0:
+    no regression; 1: a regression (each failing gate explained under the table, or on stderr
+    with --format markdown / json); 2: unusable input (missing or corrupt files, an unknown
+    schema version, runs of different benchmarks without --force). A regression measured on a
+    busy machine is inconclusive unless --allow-busy. The Markdown is appended to
+    $GITHUB_STEP_SUMMARY when it is set. JSON: a sweep's is {"has_regression", "points":
+    [...]}, one object per point."""
     from llmbench.compare import sweep_output
     from llmbench.compare.gates import default_gates, load_gates
     from llmbench.compare.runs import pair_runs
@@ -86,8 +88,9 @@ def compare(
         for pair in pairs
     ]
     uses_latency = any(gate.info.is_per_request for gate in gates)
+    uses_repetitions = any(not gate.info.is_per_request for gate in gates)
     for pair in pairs:
-        for line in _notes(pair, uses_latency):
+        for line in _notes(pair, uses_latency, uses_repetitions):
             click.echo(f"note: {line}", err=True)
     click.echo(sweep_output.render(points, fmt), nl=False)
     if junit_path is not None:
@@ -105,7 +108,9 @@ def compare(
             f"${STEP_SUMMARY_ENV}",
             append=True,
         )
-    for point, comparison in points:
+    # The table explains each verdict under it; Markdown and JSON go to files and bots, so the
+    # people reading the log get the verdicts that need a look on stderr.
+    for point, comparison in points if fmt != "table" else ():
         where = f"{point}: " if point else ""
         for result in comparison.results:
             if result.verdict in ("regression", "inconclusive", "refused"):
@@ -116,8 +121,9 @@ def compare(
         sys.exit(1)
 
 
-def _notes(pair: RunPair, uses_latency: bool) -> list[str]:
-    """What a reader of the verdicts must know about each side: busy, interrupted, no records."""
+def _notes(pair: RunPair, uses_latency: bool, uses_repetitions: bool) -> list[str]:
+    """What a reader of the verdicts must know about each side: busy, interrupted, no records,
+    one repetition (no interval for rates and roofline fractions)."""
     where = f"{pair.point}: " if pair.point else ""
     lines = []
     for side, run in (("BASE", pair.baseline), ("NEW", pair.new)):
@@ -132,6 +138,11 @@ def _notes(pair: RunPair, uses_latency: bool) -> list[str]:
             lines.append(
                 f"{where}{side} was interrupted ({run.result.stop_reason}): its numbers cover "
                 "what ended"
+            )
+        if uses_repetitions and run.num_repetitions == 1:
+            lines.append(
+                f"{where}{side} has 1 repetition: its rates and roofline fractions have no "
+                "interval, so their gates judge the change alone (`llmbench run --repeat 3`)"
             )
         if uses_latency and not run.has_records:
             lines.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -44,8 +45,11 @@ def profile(
     """Run real engine steps on the CPU under torch.profiler and put every op on the
     roofline: its time per step, bytes and FLOPs (the cost model's, op by op), achieved rates,
     the fraction of its roof and the time it loses against it; the step's total against its
-    roofline bound, and the time no op holds (Python, dispatch)."""
+    roofline bound, and the time no op holds (Python, dispatch). A machine busy with other
+    work while it ran is named first: its times are pessimistic."""
     from llmbench.harness.engine_config import engine_config
+    from llmbench.harness.provenance import LoadMonitor
+    from llmbench.harness.run_warnings import busy_line
     from llmbench.harness.spec import EngineSpec
     from llmbench.roofline import profile_table
     from llmbench.roofline.profile import ProfileSpec
@@ -81,7 +85,11 @@ def profile(
         "cpu", first=dtype, progress=lambda probe: say(f"measuring the roofs: {probe}")
     )
     engine = engine_config(model, dtype, "cpu", EngineSpec(threads=threads))
-    result = run_profile(spec, engine, roofs, say)
+    with LoadMonitor() as monitor:  # other processes' CPU, as a run measures it
+        result = run_profile(spec, engine, roofs, say)
+    load = monitor.load()
+    busy = busy_line(load, "profile")
+    result |= {"machine_load": asdict(load), "warnings": [busy] if busy else []}
     click.echo("\n".join(profile_table.lines(result)))
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2) + "\n")

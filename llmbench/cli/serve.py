@@ -22,7 +22,14 @@ from llmbench.cli.options import (
 @click.option("--model", "-m", default="smollm2-135m", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--dtype", default="float32", show_default=True, type=DTYPE)
+@click.option(
+    "--dtype",
+    default="bfloat16",
+    show_default=True,
+    type=DTYPE,
+    help="The engine's compute and weight dtype (the shipped workloads use bfloat16); clients "
+    "read it as 'dtype' in /v1/models.",
+)
 @click.option("--device", default="auto", show_default=True, type=DEVICE)
 @click.option("--threads", default=None, type=int)
 @click.option("--kv-cache-memory", default=None, type=float)

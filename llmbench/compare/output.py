@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from llmbench.compare.gates import format_percent
-from llmbench.compare.verdict import Comparison, GateResult
+from llmbench.compare.verdict import NO_INTERVAL, Comparison, GateResult
 
 HEADER = ("gate", "BASE", "NEW", "change", "CI", "verdict")
 
@@ -29,12 +29,17 @@ def _percent(x: float | None) -> str:
 
 
 def _interval(result: GateResult) -> str:
-    """The delta's interval for relative gates, the new value's for `min` / `max` gates."""
+    """The delta's interval for relative gates, the new value's for `min` / `max` gates;
+    `NO_INTERVAL` where a single repetition gives none."""
     n = result.numbers
     if result.gate.is_relative:
+        if not n.has_delta_interval:
+            return NO_INTERVAL
         if n.delta_low is None:
             return "–"
         return f"{_percent(n.delta_low)} … {_percent(n.delta_high)}"
+    if not n.has_new_interval:
+        return NO_INTERVAL
     if n.new_low is None:
         return "–"
     return f"{n.new_low:.4g} … {n.new_high:.4g}"

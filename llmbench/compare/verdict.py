@@ -7,8 +7,10 @@ delta = (new − baseline) / baseline, and its 95% interval comes from a seeded 
 resamples the repetitions and, inside each, the requests. A gate calls a regression only when the
 whole interval lies past its threshold, an improvement only when the whole interval lies past it
 the other way, and "within noise" otherwise; `min` / `max` gates judge the interval of the new
-value. A regression measured on a busy machine is only inconclusive, and raw time/rate metrics
-are not compared between different devices unless forced.
+value. A per-repetition metric (a rate, MBU, MFU) from a side with one repetition has no interval
+(one value has no spread to resample): its gate judges the change itself and says so. A
+regression measured on a busy machine is only inconclusive, and raw time/rate metrics are not
+compared between different devices unless forced.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class RunSamples:
 @dataclass(frozen=True)
 class MetricDelta:
     """The numbers of one metric on both sides. `delta*` are fractions (0.2 = +20%); `new_low`,
-    `new_high` bound the new value itself, in the metric's unit. None where a side has no data."""
+    `new_high` bound the new value itself, in the metric's unit. None where a side has no data;
+    the bounds alone are None where there is no interval (`has_delta_interval`,
+    `has_new_interval`)."""
 
     metric: str
     baseline: float | None
@@ -67,6 +71,20 @@ class MetricDelta:
     new_high: float | None
     num_baseline_repetitions: int
     num_new_repetitions: int
+
+    @property
+    def has_delta_interval(self) -> bool:
+        """False when the change is known but has no interval: a per-repetition metric with a
+        single repetition on a side."""
+        return self.delta is None or self.delta_low is not None
+
+    @property
+    def has_new_interval(self) -> bool:
+        """False when the new value is known but has no interval (a single repetition)."""
+        return self.new is None or self.new_low is not None
+
+
+NO_INTERVAL = "1 repetition: no interval"
 
 
 @dataclass(frozen=True)
@@ -175,9 +193,11 @@ def _side_draws(
     infos: Sequence[MetricInfo],
     num_resamples: int,
     rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, int] | None:
+) -> tuple[np.ndarray, np.ndarray | None, int] | None:
     """(point estimates [M], resampled values [M, B], repetitions used) for metrics of one
-    family on one side, or None when the side has no data for it."""
+    family on one side, or None when the side has no data for it. The resampled values are
+    None for a per-repetition metric with one repetition: resampling one value gives that value
+    back every time, a zero-width interval that would read as certainty."""
     family = infos[0].family
     if infos[0].is_per_request:
         reps = [_clean(r) for r in samples.per_request.get(family, ())]
@@ -191,6 +211,8 @@ def _side_draws(
     values = _clean(samples.per_repetition.get(family, ()))
     if not values.size:
         return None
+    if values.size == 1:
+        return values.copy(), None, 1
     draws = bootstrap_repetition_means(values, num_resamples, rng)
     return np.array([values.mean()]), draws[None, :], int(values.size)
 
@@ -216,7 +238,8 @@ def measure(
     Formula: delta = (stat(new) − stat(base)) / stat(base), stat over the pooled repetitions
     (a percentile or mean of the requests; the mean of per-repetition values); the interval is
     the [(1 − c)/2, (1 + c)/2] percentiles of the same delta over resampled pairs (each side
-    resampled independently), and new_low/new_high the same percentiles of stat(new).
+    resampled independently), and new_low/new_high the same percentiles of stat(new). A
+    per-repetition metric with one repetition on a side has no interval: its bounds are None.
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -233,12 +256,13 @@ def measure(
             base_value = None if base is None else float(base[0][i])
             new_value = None if cur is None else float(cur[0][i])
             new_low = new_high = delta = delta_low = delta_high = None
-            if cur is not None:
+            if cur is not None and cur[1] is not None:
                 new_low, new_high = (float(x) for x in np.percentile(cur[1][i], tails))
             if base is not None and cur is not None and base_value != 0:
                 delta = (new_value - base_value) / base_value
-                deltas = _relative(cur[1][i], base[1][i])
-                delta_low, delta_high = (float(x) for x in np.percentile(deltas, tails))
+                if base[1] is not None and cur[1] is not None:
+                    deltas = _relative(cur[1][i], base[1][i])
+                    delta_low, delta_high = (float(x) for x in np.percentile(deltas, tails))
             out[info.name] = MetricDelta(
                 metric=info.name,
                 baseline=base_value,
@@ -278,8 +302,10 @@ def judge(
     delta_high < −t and an improvement when delta_low > t; otherwise within noise (an interval
     ending exactly at the threshold is not past it). Absolute gates judge [new_low, new_high]:
     min is a regression when new_high < min and passes when new_low >= min; max is a regression
-    when new_low > max and passes when new_high <= max. `devices` = (baseline, new): a relative
-    gate on a raw metric between two different devices is refused unless `force_devices`. A
+    when new_low > max and passes when new_high <= max. Without an interval (one repetition of
+    a per-repetition metric) both ends are the value itself and the reason says there is no
+    interval. `devices` = (baseline, new): a relative gate on a raw metric between two
+    different devices is refused unless `force_devices`. A
     regression with `is_busy` (either side ran on a busy machine) is inconclusive unless
     `allow_busy`.
     """
@@ -302,10 +328,14 @@ def judge(
             )
             return GateResult(gate, numbers, "refused", reason)
         t = gate.threshold
-        low, high = numbers.delta_low, numbers.delta_high
+        if numbers.has_delta_interval:
+            low, high = numbers.delta_low, numbers.delta_high
+            interval = f"{level} {_percent_range(low, high)}"
+        else:
+            low = high = numbers.delta
+            interval = NO_INTERVAL
         sign = 1 if gate.rule == "max_increase" else -1  # the bad direction
         worse, better = ("rose", "fell") if sign > 0 else ("fell", "rose")
-        interval = f"{level} {_percent_range(low, high)}"
         change = f"{gate.metric} changed {numbers.delta * 100:+.1f}% ({interval})"
         if (low > t) if sign > 0 else (high < -t):
             verdict: Verdict = "regression"
@@ -319,9 +349,13 @@ def judge(
             verdict = "within noise"
             reason = f"{change}: not wholly past ±{format_percent(t)}"
     else:
-        low, high = numbers.new_low, numbers.new_high
         unit = "" if info.unit == "fraction" else f" {info.unit}"
-        interval = f"{level} {low:.4g} to {high:.4g}{unit}"
+        if numbers.has_new_interval:
+            low, high = numbers.new_low, numbers.new_high
+            interval = f"{level} {low:.4g} to {high:.4g}{unit}"
+        else:
+            low = high = numbers.new
+            interval = NO_INTERVAL
         value = f"{gate.metric} = {numbers.new:.4g} ({interval})"
         limit = f"{'floor' if gate.rule == 'min' else 'ceiling'} {gate.threshold:g}"
         if (high < gate.threshold) if gate.rule == "min" else (low > gate.threshold):

@@ -195,7 +195,7 @@ def merge(
             own = [r for r in records if r.repetition == number]
             points += [
                 {**p, "repetition": number}
-                for p in run_roofs.estimated_points(spec, model_config, own)
+                for p in run_roofs.estimated_points(spec, model_config, own, first.roofline)
             ]
     interrupted = [f"shard {r.client.shard}: {r.stop_reason}" for _, r in found if r.interrupted]
     if telemetry is None:

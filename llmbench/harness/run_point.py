@@ -171,7 +171,7 @@ def execute_point(
             points = []
             for number in range(1, repetitions.num_started + 1):
                 own = [r for r in records if r.repetition == number]
-                for p in run_roofs.estimated_points(spec, model_config, own):
+                for p in run_roofs.estimated_points(spec, model_config, own, roof_setup):
                     points.append({**p, "repetition": number})
                     log.point(points[-1])
         log.close()

@@ -5,17 +5,22 @@ where the device has one, where each number came from, and how each engine step 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmbench.errors import UserError
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import HardwareCeilings, Roofline, Roofs, from_plain
+from llmbench.harness.run_warnings import assumed_weights_line
 from llmbench.harness.spec import RunSpec
 from llmbench.harness.speculative_stats import draft_model_of
+
+if TYPE_CHECKING:  # aiohttp loads only with the openai backend
+    from llmbench.harness.backends.openai import ServedModel
 
 
 class _RoofsProgress:
@@ -45,10 +50,12 @@ def measured_roofs(spec: RunSpec, backend) -> HardwareCeilings | None:
     measured`), before the workload, from the cache when it has them; None otherwise."""
     from llmbench.roofline import ceilings
 
+    dtype = spec.dtype
     if spec.backend.kind == "engine":
         device_type = backend.engine.device.type
     elif spec.backend.kind == "openai" and spec.backend.hardware == "measured":
         device_type = "cpu"
+        dtype = served_dtype(served_model(backend)) or dtype  # the matmul the server runs
     else:
         return None
     budget_s = _roofs_budget_s(ceilings.DEFAULT_BUDGET_S)
@@ -56,16 +63,16 @@ def measured_roofs(spec: RunSpec, backend) -> HardwareCeilings | None:
     t0 = time.perf_counter()
     roofs = from_plain(
         HardwareCeilings,
-        ceilings.ceilings(device_type, budget_s=budget_s, first=spec.dtype, progress=show),
+        ceilings.ceilings(device_type, budget_s=budget_s, first=dtype, progress=show),
         "hardware roofs",
     )
     took = f" in {time.perf_counter() - t0:.1f} s" if show.is_measuring else ""
-    flops = roofs.matmul_flops_per_s.get(spec.dtype)
+    flops = roofs.matmul_flops_per_s.get(dtype)
     rate = f"{flops / 1e9:.0f} GFLOP/s" if flops else "not measured"
     back = "\r" if show.is_measuring and show.is_tty else ""  # over the probe line
     print(
         f"{back}hardware roofs{took}: read "
-        f"{roofs.read_bytes_per_s / 1e9:.1f} GB/s, matmul {spec.dtype} {rate} "
+        f"{roofs.read_bytes_per_s / 1e9:.1f} GB/s, matmul {dtype} {rate} "
         f"({roofs.sources.get('read', '?')})",
         file=sys.stderr,
         flush=True,
@@ -98,7 +105,9 @@ def roofline_setup(
     Engine backend: every engine step, costed (`analysis.cost_steps`), against the roofs
     measured on the engine's device. OpenAI backend: decode windows estimated at the end from
     the client's token times (`analysis.estimate_decode_steps`), against the measured roofs or
-    the datasheet `backend.hardware` names. The transformers baseline has neither: None.
+    the datasheet `backend.hardware` names, in the dtype the server says it computes in
+    (`served_model`; the spec's `dtype` when it does not say). The transformers baseline has
+    neither: None.
     """
     from llmbench.roofline import analysis, cost_model, datasheets
 
@@ -122,8 +131,9 @@ def roofline_setup(
 
         sheet_name = datasheets.datasheet_name_of(measured.device) if measured else None
     elif spec.backend.kind == "openai":
-        dtype = spec.dtype
-        elem_bytes = kv_elem_bytes = cost_model.BYTES_PER_ELEM[dtype]
+        served = served_model(backend)
+        dtype = served_dtype(served) or spec.dtype
+        kv_elem_bytes = cost_model.BYTES_PER_ELEM[dtype]  # the server's K/V cache: its dtype
         sheet_name = spec.backend.hardware if spec.backend.hardware != "measured" else None
     else:
         return None, None
@@ -139,16 +149,14 @@ def roofline_setup(
         )
     roofs = _measured_roofs(measured, dtype, datasheet_roofs) if measured else None
     is_engine = spec.backend.kind == "engine"
-    weight_bytes, weights = (elem_bytes, engine_weights) if is_engine else server_weights(spec)
+    if is_engine:
+        weight_bytes, weights, method = elem_bytes, engine_weights, ENGINE_METHOD
+    else:
+        weight_bytes, weights = server_weights(spec, served)
+        method = ESTIMATED_METHOD + _weights_source(spec, served, weights, dtype)
     setup = Roofline(
         is_estimated=not is_engine,
-        method=(
-            "every engine step costed by the cost model"
-            if is_engine
-            else "decode estimated from the client: a step per inter-token gap, batch = "
-            "streams in decode, context from the requests; weights "
-            + (weights or f"unknown (the bytes assume {dtype}: set backend.weights)")
-        ),
+        method=method,
         dtype=dtype,
         weight_bytes_per_param=weight_bytes,
         kv_bytes_per_elem=kv_elem_bytes,
@@ -158,6 +166,9 @@ def roofline_setup(
         weights=weights,
         lm_head_bytes_per_param=lm_head_bytes if is_engine else None,
     )
+    assumed = assumed_weights_line(setup)
+    if assumed is not None:  # said now too: the run's warnings say it at the end
+        print(f"roofline: {assumed}", file=sys.stderr, flush=True)
     return setup, cost_step
 
 
@@ -192,10 +203,41 @@ def weights_label(engine, dtype: str) -> str:
     return f"{engine.quantize.name}, lm_head {lm_head_scheme(engine.quantize).name}"
 
 
-def server_weights(spec: RunSpec) -> tuple[float, str | None]:
+ENGINE_METHOD = "every engine step costed by the cost model"
+ESTIMATED_METHOD = (
+    "decode estimated from the client: a step per inter-token gap, batch = streams in decode, "
+    "context from the requests; weights "
+)
+# The dtypes a server's word is taken for: its bytes per weight are then known.
+SERVED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def served_model(backend) -> ServedModel | None:
+    """What the server says of the model the run asks for (`GET /models`), asked before the
+    workload; None without an openai backend, or when the server cannot be asked (starting the
+    backend then says why)."""
+    from llmbench.harness.backends.openai import OpenAIBackend
+
+    if not isinstance(backend, OpenAIBackend):
+        return None
+    return asyncio.run(backend.describe())
+
+
+def served_dtype(served: ServedModel | None) -> str | None:
+    """The dtype a server says it computes and stores its weights in, when it is one of
+    `SERVED_DTYPES` (`llmbench serve` says it; most servers say nothing: None)."""
+    if served is None or served.dtype is None:
+        return None
+    dtype = served.dtype.removeprefix("torch.")
+    return dtype if dtype in SERVED_DTYPES else None
+
+
+def server_weights(spec: RunSpec, served: ServedModel | None = None) -> tuple[float, str | None]:
     """A server's weight bytes per parameter for its estimated roofline, and how they are
     stored: `backend.weights` (a storage name), else `backend.weights_bytes_per_param` ("0.6
-    bytes/param"), else unknown (None): the bytes then assume the spec's `dtype`."""
+    bytes/param"), else the dtype the server says (`served_dtype`) when it says its weights are
+    not quantized, else unknown (None): the bytes then assume the server's dtype when it says
+    one, the spec's `dtype` when not."""
     from llmbench.roofline import cost_model
 
     backend = spec.backend
@@ -204,15 +246,37 @@ def server_weights(spec: RunSpec) -> tuple[float, str | None]:
     if backend.weights_bytes_per_param is not None:
         size = backend.weights_bytes_per_param
         return size, f"{size:g} bytes/param"
-    return cost_model.BYTES_PER_ELEM[spec.dtype], None
+    dtype = served_dtype(served)
+    if dtype is not None and served is not None and served.quantization is None:
+        return cost_model.BYTES_PER_ELEM[dtype], dtype
+    return cost_model.BYTES_PER_ELEM[dtype or spec.dtype], None
 
 
-def estimated_points(spec: RunSpec, model_config, records: list[RequestRecord]) -> list[dict]:
+def _weights_source(
+    spec: RunSpec, served: ServedModel | None, weights: str | None, dtype: str
+) -> str:
+    """The end of an estimated roofline's method: the weights and who said so."""
+    if weights is None:
+        quantized = f", quantized ({served.quantization})" if served and served.quantization else ""
+        return f"unknown{quantized} (the bytes assume {dtype}: set backend.weights)"
+    if spec.backend.weights is None and spec.backend.weights_bytes_per_param is None:
+        return f"{weights}, as the server says"
+    return weights
+
+
+def estimated_points(
+    spec: RunSpec, model_config, records: list[RequestRecord], roofline: Roofline | None = None
+) -> list[dict]:
     """The openai backend's decode roofline points, estimated from the client's token times:
-    the weights' bytes as `server_weights` says, the KV cache's as the spec's `dtype`."""
+    the weights' and KV cache's bytes as the run's `roofline` (`roofline_setup`) costed them;
+    without it, the weights' as `server_weights(spec)` says and the KV cache's as the spec's
+    `dtype`."""
     from llmbench.roofline import analysis, cost_model
 
-    weight_bytes, _ = server_weights(spec)
-    kv_bytes = cost_model.BYTES_PER_ELEM[spec.dtype]
+    if roofline is not None:
+        weight_bytes, kv_bytes = roofline.weight_bytes_per_param, roofline.kv_bytes_per_elem
+    else:
+        weight_bytes, _ = server_weights(spec)
+        kv_bytes = cost_model.BYTES_PER_ELEM[spec.dtype]
     ok = [r for r in records if not r.is_warmup]
     return analysis.estimate_decode_steps(model_config, ok, weight_bytes, kv_bytes)

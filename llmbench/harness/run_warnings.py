@@ -3,7 +3,7 @@
 
 Each check is a small pure function over the run's records and summary; `run_warnings` lists
 the lines in a fixed order: failures, the machine's load, the server's behaviour (ignore_eos,
-usage, prefix cache), token counts.
+usage, prefix cache), token counts, the weight bytes an estimated roofline assumed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from llmbench.harness.driver import ChatTokenizer, Driver
 from llmbench.harness.failures import failure_line
 from llmbench.harness.records import RequestRecord
-from llmbench.harness.results import MachineLoad
+from llmbench.harness.results import MachineLoad, Roofline
 from llmbench.harness.workloads import Session
 
 # A server may count a shared prefix a few tokens longer than the client does (a BOS token, its
@@ -58,8 +58,9 @@ def first_turn_shared_tokens(sessions: Sequence[Session], tokenizer: ChatTokeniz
     return shared_prefix_tokens(prompts)
 
 
-def busy_line(load: MachineLoad) -> str | None:
-    """The machine was busy around the run (`MachineLoad.is_busy`)."""
+def busy_line(load: MachineLoad, what: str = "run") -> str | None:
+    """The machine was busy around the run (`MachineLoad.is_busy`); `what` names what was
+    measured ("run", "profile")."""
     if not load.is_busy:
         return None
 
@@ -68,7 +69,7 @@ def busy_line(load: MachineLoad) -> str | None:
 
     return (
         f"the machine was busy: other processes used {cores(load.other_processes_cores_before)} "
-        f"cores just before the run and {cores(load.other_processes_cores)} during it (of "
+        f"cores just before the {what} and {cores(load.other_processes_cores)} during it (of "
         f"{load.cpu_count}); the numbers are pessimistic"
     )
 
@@ -158,6 +159,19 @@ def mismatch_line(summary: Mapping[str, Any]) -> str | None:
     )
 
 
+def assumed_weights_line(roofline: Roofline | None) -> str | None:
+    """An estimated roofline (a server's) whose weight bytes were assumed: neither the spec
+    (`backend.weights`) nor the server said how it stores its weights, so the bytes are
+    `roofline.dtype`'s (the server's dtype when it says one, else the spec's)."""
+    if roofline is None or not roofline.is_estimated or roofline.weights is not None:
+        return None
+    return (
+        f"the server does not say how it stores its weights: the estimated roofline assumes "
+        f"{roofline.dtype} ({roofline.weight_bytes_per_param:g} bytes/param); set "
+        "backend.weights if it is another"
+    )
+
+
 def run_warnings(
     records: Sequence[RequestRecord],
     summary: Mapping[str, Any],
@@ -166,6 +180,7 @@ def run_warnings(
     backend: str,
     max_failed_fraction: float,
     shared_tokens: int | None,
+    roofline: Roofline | None = None,
 ) -> list[str]:
     """Every warning of a run, one line each, in a fixed order (`summary.warnings`)."""
     lines = [
@@ -175,5 +190,6 @@ def run_warnings(
         usage_line(records, backend),
         warm_cache_line(records, shared_tokens),
         mismatch_line(summary),
+        assumed_weights_line(roofline),
     ]
     return [line for line in lines if line is not None]

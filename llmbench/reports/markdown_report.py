@@ -58,4 +58,7 @@ def render(run: RunData) -> str:
 
 def render_sweep(name: str, points: list[RunData]) -> str:
     rows = tables.sweep_rows(points)
-    return "\n".join([f"# llmbench sweep: {name}", "", *markdown_table(tables.SWEEP_HEADER, rows)])
+    busy = tables.busy_warnings([(run.folder.name, run) for run in points])
+    lines = [f"# llmbench sweep: {name}", "", *(f"> **warning:** {line}" for line in busy)]
+    lines += [""] if busy else []
+    return "\n".join([*lines, *markdown_table(tables.SWEEP_HEADER, rows)])

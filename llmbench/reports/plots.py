@@ -43,13 +43,21 @@ WIDE_IN, SMALL_IN = 12.0, (3.85, 2.9)  # figure sizes in inches (96 CSS px each)
 
 
 @styled
+def measured_steps(run: RunData) -> list[tuple[int, dict]]:
+    """(index in steps.jsonl, step) of the measured repetitions' steps: the warm-up's
+    (repetition 0) are left out, as the roofline table and MBU leave them out."""
+    return [(i, s) for i, s in enumerate(run.steps) if s.get("repetition", 1) >= 1]
+
+
 def roofline(run: RunData) -> Plot | None:
-    """Log-log roofline: measured roofs (solid), datasheet roofs (dashed), every step a point
-    coloured by phase and sized by its batch."""
+    """Log-log roofline: measured roofs (solid), datasheet roofs (dashed), every measured step
+    a point coloured by phase and sized by its batch; the legend counts the steps as the
+    roofline table does (an estimated point stands for its `num_steps`)."""
     roof = run.results.get("roofline")
+    measured = measured_steps(run)
     steps = [
         (i, s)
-        for i, s in enumerate(run.steps)
+        for i, s in measured
         if s["t_end_ns"] > s["t_start_ns"] and s["bytes"] > 0 and s["flops"] > 0
     ]
     if roof is None or not steps:
@@ -81,7 +89,8 @@ def roofline(run: RunData) -> Plot | None:
         peak = (roof.get("roofs") or {}).get("flops_per_s")
         link_roof.draw_link(ax, link, peak, steps, achieved)
     for phase, colour in PHASE_COLOURS.items():
-        label = f"{phase} steps ({sum(1 for s in run.steps if s['phase'] == phase)})"
+        count = sum(s.get("num_steps", 1) for _, s in measured if s["phase"] == phase)
+        label = f"{phase} steps ({count:,.0f})"
         draw_steps(ax, steps, seconds, intensity, achieved, phase, label, color=colour, alpha=0.6)
     scatter_legend(ax)
     caption = (
@@ -100,8 +109,11 @@ def roofline(run: RunData) -> Plot | None:
             f"{link.label} ({si(link.bytes_per_s, 'B/s')}, dash-dot); on that roof the link "
             "bounds them."
         )
+    num_warmup = len(run.steps) - len(measured)
+    if num_warmup:
+        caption += f" The {num_warmup:,} warm-up steps are left out, as in the table."
     if stride > 1:
-        caption += f" Every {stride}th step of {len(run.steps)} is drawn."
+        caption += f" Every {stride}th step of {len(measured):,} is drawn."
     return Plot("roofline", figure, caption)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from llmbench.reports.figure import GREY, PALETTE, RED, Plot, hover, new_axes, styled
 from llmbench.reports.html_report import Page, render_page
 from llmbench.reports.roofline_axes import draw_roof, log_axes, marker_area, scatter_legend
-from llmbench.reports.tables import si
+from llmbench.reports.tables import sentence, si
 from llmbench.roofline.ceilings import threads_text
 
 HEADER = (
@@ -178,6 +178,7 @@ def render(result: dict[str, Any]) -> Page:
         [plot for section in sections for plot in section["plots"]],
         title=f"llmbench profile: {result['model']} {result['dtype']}",
         subtitle=subtitle,
+        warnings=[sentence(line) for line in result.get("warnings", ())],  # a busy machine
         sections=sections,
         header=HEADER,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from llmbench.harness import failures, metrics, summary_lines
@@ -103,8 +104,37 @@ def failure_banner(run: RunData) -> str | None:
     return failures.failure_line(run.summary, limit)
 
 
-def _sentence(line: str) -> str:
+def sentence(line: str) -> str:
+    """A warning line as a page shows it: capitalised, ending in a full stop."""
     return line[:1].upper() + line[1:] + ("" if line.endswith(".") else ".")
+
+
+# How `run_warnings.busy_line` starts the line it adds to `summary.warnings`.
+BUSY_LINE_START = "the machine was busy:"
+
+
+def busy_warning(run: RunData) -> str | None:
+    """The run's busy-machine warning as every page shows it (`summary.machine_busy`): the line
+    of `summary.warnings`, or for a result from before them the load it recorded. None when
+    the machine was quiet."""
+    s = run.summary
+    if not s.get("machine_busy"):
+        return None
+    line = next((w for w in s.get("warnings", ()) if w.startswith(BUSY_LINE_START)), None)
+    if line is not None:
+        return sentence(line)
+    load = run.provenance.get("machine_load", {})
+    return (
+        f"The machine was busy: other processes used {load.get('other_processes_cores')} "
+        f"cores during the run (of {load.get('cpu_count')}); the numbers are pessimistic."
+    )
+
+
+def busy_warnings(runs: Sequence[tuple[str, RunData | None]]) -> list[str]:
+    """The busy-machine warning of each named run of a page of several (sweep points,
+    variants), prefixed by its name: "point-4: The machine was busy: ..."."""
+    found = [(name, busy_warning(run)) for name, run in runs if run is not None]
+    return [f"{name}: {line}" for name, line in found if line is not None]
 
 
 def warnings(run: RunData) -> list[str]:
@@ -112,20 +142,16 @@ def warnings(run: RunData) -> list[str]:
     banner's line aside), whether the run was interrupted and whether its roofline is
     estimated. A result written before `summary.warnings` gets the warnings it can still say."""
     out = []
-    s, p = run.summary, run.provenance
+    s = run.summary
     if run.results.get("interrupted"):
         out.append("The run was interrupted: these are partial results.")
     if "warnings" in s:
         banner = failure_banner(run)
-        out += [_sentence(line) for line in s["warnings"] if line != banner]
+        out += [sentence(line) for line in s["warnings"] if line != banner]
     else:
-        if s.get("machine_busy"):
-            load = p.get("machine_load", {})
-            out.append(
-                f"The machine was busy: other processes used "
-                f"{load.get('other_processes_cores')} cores during the run (of "
-                f"{load.get('cpu_count')}); the numbers are pessimistic."
-            )
+        busy = busy_warning(run)
+        if busy is not None:
+            out.append(busy)
         if s["num_failed"]:
             out.append(f"{s['num_failed']} requests failed; latencies are over completed ones.")
         if s.get("token_count_mismatches"):
@@ -261,7 +287,8 @@ def provenance_rows(run: RunData) -> list[tuple[str, str]]:
     rows: list[tuple[str, Any]] = [
         ("model", _model(run)),
         ("backend", p.get("backend")),
-        ("device", ", ".join(f"{k}: {v}" for k, v in device.items())),
+        # What it has: an engine's device has no url, a server's no name, threads or kernels.
+        ("device", ", ".join(f"{k}: {v}" for k, v in device.items() if v is not None)),
         ("git sha", p.get("git_sha") or "-"),
         ("versions", versions),
         ("spec hash / workload hash", f"{p.get('spec_hash')} / {p.get('workload_hash')}"),

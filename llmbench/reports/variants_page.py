@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmbench.reports import variant_plots, variant_tables
+from llmbench.reports import tables, variant_plots, variant_tables
 from llmbench.reports.html_report import Page, render_page
 from llmbench.reports.markdown_report import markdown_table
 from llmbench.reports.variant_tables import VariantRun
@@ -60,6 +60,7 @@ def render(folder: Path) -> tuple[Page, str]:
     }
     title = f"llmbench variants: {index.name}"
     subtitle = variant_tables.common_line(variants)
+    busy = tables.busy_warnings([(v.name, v.run) for v in variants])  # as a run's report says
     page = render_page(
         "variants.html.j2",
         plots,
@@ -71,6 +72,7 @@ def render(folder: Path) -> tuple[Page, str]:
         status_title=status_title(variants),
         status_header=variant_tables.STATUS_HEADER,
         status_rows=rows["status"],
+        warnings=busy,
         speed_note=SPEED_NOTE,
         speed_header=header,
         speed_rows=rows["speed"],
@@ -90,6 +92,8 @@ def render(folder: Path) -> tuple[Page, str]:
     if rows["status"]:
         lines += [f"> **{status_title(variants)}**", ""]
         lines += markdown_table(variant_tables.STATUS_HEADER, rows["status"])
+    if busy:
+        lines += [f"> **warning:** {line}" for line in busy] + [""]
     sections = (
         ("Speed", header, "speed"),
         (f"Against {shown[0].name if shown else ''}", header, "ratio"),

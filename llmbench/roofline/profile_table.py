@@ -66,8 +66,9 @@ def point_lines(point: dict[str, Any]) -> list[str]:
 
 
 def lines(result: dict[str, Any]) -> list[str]:
-    """The whole text: the header, then each point's table."""
-    out = [header_line(result)]
+    """The whole text: the header and the profile's warnings (`result["warnings"]`: a machine
+    busy with other work), then each point's table."""
+    out = [header_line(result), *(f"warning: {line}" for line in result.get("warnings", ()))]
     for point in result["points"]:
         out += ["", *point_lines(point)]
     return out

@@ -5,6 +5,9 @@ Endpoints: `GET /health`, `GET /metrics` (Prometheus), `GET /version`, `GET /v1/
 `GET /v1/models/{id}`, `POST /v1/completions`, `POST /v1/chat/completions`, `POST /tokenize`,
 `POST /detokenize` (vLLM's shapes). Any refused request gets OpenAI's error body. With an API
 key, every endpoint but /health, /metrics and /version wants `Authorization: Bearer <key>`.
+The model card adds two fields of llmbench's own to vLLM's: `dtype` (what the engine computes
+and stores its weights in) and `quantization` (its weight quantization, or null), so that a
+client can cost the bytes a step reads (the openai backend's estimated roofline reads them).
 
 Memory is bounded: nothing grows per request or per step. A request's state (its engine
 sequence, its queue in the engine client) goes when it ends or is aborted, and a client that
@@ -304,6 +307,8 @@ class _Server:
             "owned_by": "llmbench",
             "root": self.engine.source_description,
             "max_model_len": self.limits.max_model_len,
+            "dtype": str(self.engine.dtype).removeprefix("torch."),
+            "quantization": None if self.engine.quantize is None else self.engine.quantize.name,
         }
 
     async def models(self, request: web.Request) -> web.Response:

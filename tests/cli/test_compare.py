@@ -1,11 +1,13 @@
 """`llmbench compare` end to end, as CI runs it: synthetic run folders from a known distribution
 (3 repetitions, seeded lognormal latencies, written by the project's own writers), then two real
-tiny engine runs. Exit 0 pass, 1 regression (named on stderr), 2 unusable input (one line)."""
+tiny engine runs. Exit 0 pass, 1 regression (explained under the table, or on stderr with
+--format markdown / json), 2 unusable input (one line)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -57,20 +59,77 @@ def test_twenty_percent_slower_exits_1_naming_the_metric(runs):
     result = compare(runs["base"], runs["slower"])
     assert result.returncode == 1, result.stderr
     assert result.stdout.startswith("llmbench compare: REGRESSION")
-    failing = [line for line in result.stderr.splitlines() if line.startswith("regression: ")]
+    notes = result.stdout.split("\n\n")[-1].splitlines()
     assert any(
-        line.startswith("regression: decode_mbu max_decrease 10%: decode_mbu fell ")
+        line.startswith("decode_mbu max_decrease 10%: decode_mbu fell ")
         and line.endswith("past the 10% allowed")
-        for line in failing
-    ), result.stderr
-    assert any(line.startswith("regression: output_tok_per_s_per_gb_s") for line in failing)
+        for line in notes
+    ), result.stdout
+    assert any(line.startswith("output_tok_per_s_per_gb_s max_decrease 10%: ") for line in notes)
+    # Markdown and JSON go to files: the people reading the log get the failing gates on stderr.
+    for fmt in ("markdown", "json"):
+        failing = compare(runs["base"], runs["slower"], "--format", fmt).stderr.splitlines()
+        assert any(
+            line.startswith("regression: decode_mbu max_decrease 10%: decode_mbu fell ")
+            and line.endswith("past the 10% allowed")
+            for line in failing
+        ), failing
+
+
+def test_the_table_explains_each_verdict_once(runs):
+    """The terminal shows stdout and stderr together: the reasons under the table are all."""
+    result = compare(runs["base"], runs["slower"])
+    assert result.returncode == 1
+    assert result.stderr == ""
+    seen = result.stdout + result.stderr
+    for line in result.stdout.split("\n\n")[-1].splitlines():
+        reason = line.split(": ", 1)[1]
+        assert seen.count(reason) == 1, reason
+
+
+def test_single_repetitions_have_no_interval(tmp_path):
+    """One repetition per side: a rate or roofline fraction has one value per side, so there is
+    no interval to show, not a zero-width one (`-15.5% … -15.5%`) that reads as certainty."""
+    base = write_run(tmp_path / "base", seed=1, num_repetitions=1)
+    new = write_run(tmp_path / "new", seed=2, num_repetitions=1, slowdown=1.2)
+    junit = tmp_path / "compare.xml"
+    result = compare(base, new, "--junit", junit)
+    assert result.returncode == 1, result.stderr
+    rows = [line for line in result.stdout.splitlines() if "max_decrease" in line]
+    mbu_row = next(line for line in rows if line.startswith("decode_mbu max_decrease 10% "))
+    assert "  1 repetition: no interval  regression" in mbu_row
+    assert " … " not in result.stdout and "95% CI -" not in result.stdout
+    assert re.search(
+        r"\ndecode_mbu max_decrease 10%: decode_mbu fell \d+\.\d% \(1 repetition: no interval\), "
+        r"past the 10% allowed\n",
+        result.stdout,
+    ), result.stdout
+    assert result.stderr.splitlines() == [
+        f"note: {side} has 1 repetition: its rates and roofline fractions have no interval, so "
+        "their gates judge the change alone (`llmbench run --repeat 3`)"
+        for side in ("BASE", "NEW")
+    ]
+    markdown = compare(base, new, "--format", "markdown").stdout
+    assert "| `decode_mbu max_decrease 10%` |" in markdown
+    assert "| 1 repetition: no interval | **regression** |" in markdown
+    [case] = [
+        c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name").startswith("decode")
+    ]
+    assert "(1 repetition: no interval)" in case.find("failure").get("message")
+    assert "(1 repetition: no interval)" in case.find("system-out").text
+    gates = json.loads(compare(base, new, "--format", "json").stdout)["gates"]
+    assert all(g["delta_ci"] == [None, None] and g["delta"] < 0 for g in gates)
+    assert all(g["num_baseline_repetitions"] == 1 for g in gates)
+    page = tmp_path / "diff.html"
+    assert compare(base, new, "--html", page).returncode == 1
+    assert "<td>1 repetition: no interval</td>" in page.read_text()
 
 
 def test_a_latency_gate_names_its_numbers(runs, tpot_gates):
     result = compare(runs["base"], runs["slower"], "--gates", tpot_gates)
     assert result.returncode == 1
-    [line] = result.stderr.splitlines()
-    assert line.startswith("regression: tpot_ms.p50 max_increase 5%: tpot_ms.p50 rose ")
+    line = result.stdout.splitlines()[-1]
+    assert line.startswith("tpot_ms.p50 max_increase 5%: tpot_ms.p50 rose ")
     assert "95% CI +" in line and line.endswith("past the 5% allowed")
 
 
@@ -203,12 +262,16 @@ def test_a_busy_machine_makes_a_regression_inconclusive_unless_allowed(runs):
         "note: NEW ran on a busy machine (other processes used 1.0 of 2 cores): a regression "
         "there is called inconclusive unless --allow-busy"
     )
-    assert any(line.startswith("inconclusive: decode_mbu") for line in result.stderr.splitlines())
+    assert any(
+        line.startswith("decode_mbu max_decrease 10%: decode_mbu fell ")
+        and line.endswith("; measured on a busy machine, so not called a regression unless allowed")
+        for line in result.stdout.splitlines()
+    )
     assert compare(runs["base"], runs["busy-slower"], "--allow-busy").returncode == 1
 
 
 def test_raw_gates_are_refused_between_devices_unless_forced(runs, tpot_gates):
-    result = compare(runs["base"], runs["gpu-slower"], "--gates", tpot_gates)
+    result = compare(runs["base"], runs["gpu-slower"], "--gates", tpot_gates, "--format", "json")
     assert result.returncode == 0
     [line] = result.stderr.splitlines()
     assert line.startswith("refused: tpot_ms.p50 max_increase 5%: tpot_ms.p50 is a raw time")
@@ -228,6 +291,8 @@ def test_sweeps_are_compared_point_by_point(tmp_path):
     assert result.returncode == 1, result.stderr
     assert result.stdout.startswith("llmbench compare: sweep of 2 points, REGRESSION at point-2\n")
     assert "\n== point-1 ==\nllmbench compare: no regression" in result.stdout
+    assert result.stderr == ""
+    result = compare(base, new, "--format", "markdown")
     failing = [line for line in result.stderr.splitlines() if line.startswith("regression")]
     assert failing and all(line.startswith("regression: point-2: ") for line in failing)
     suites = ET.parse(junit).getroot()

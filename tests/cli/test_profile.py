@@ -61,6 +61,8 @@ def test_profile_prints_a_table_and_writes_json_and_html(tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("synthetic:tiny bfloat16, decode, 2 steps per point")
     assert "roofs: read 10.0 GB/s (probe read: the best read-only sum" in lines[0]
+    # A machine busy with other work is named first (a shared CI machine may be).
+    lines = [lines[0], *(line for line in lines[1:] if not line.startswith("warning: "))]
     assert lines[2] == "batch 1, context 32"
     assert lines[3].split() == [
         "op", "calls", "ms/step", "share", "MB/step", "GB/s", "GFLOP/s", "bound", "ms",
@@ -103,3 +105,42 @@ def test_profile_of_a_missing_or_moe_model_is_one_line(tmp_path):
     assert_user_error(
         llmbench("profile", "-m", "synthetic:tiny-moe", cache=tmp_path), "mixture of experts"
     )
+
+
+def test_profile_names_a_busy_machine_as_a_run_does(monkeypatch, tmp_path):
+    """The load is measured around the profile as around a run (other processes' CPU): busy, the
+    table, the JSON and the page say so first. Load and profile injected: nothing is timed."""
+    from click.testing import CliRunner
+
+    from llmbench.cli.profile import profile
+    from llmbench.harness import provenance
+    from llmbench.harness.results import MachineLoad
+    from llmbench.roofline import ceilings
+    from llmbench.roofline import profile as profile_module
+    from tests.reports.test_profile_page import BUSY
+    from tests.reports.test_profile_page import result as canned
+
+    class BusyMonitor:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def load(self):
+            return MachineLoad(2, 1.5, 2.0, 0.9, 1.0, True)
+
+    monkeypatch.setattr(provenance, "LoadMonitor", BusyMonitor)
+    monkeypatch.setattr(ceilings, "ceilings", lambda *args, **kwargs: {})
+    monkeypatch.setattr(profile_module, "profile", lambda *args: canned())
+    out_json = tmp_path / "profile.json"
+    args = ["-m", "synthetic:tiny", "--json", str(out_json), "--html", str(tmp_path / "p.html")]
+    outcome = CliRunner().invoke(profile, args)
+    assert outcome.exit_code == 0, outcome.output
+    assert outcome.output.splitlines()[1] == f"warning: {BUSY}"
+    data = json.loads(out_json.read_text())
+    assert data["warnings"] == [BUSY] and data["machine_load"]["is_busy"] is True
+    assert f"{BUSY[0].upper()}{BUSY[1:]}." in (tmp_path / "p.html").read_text()

@@ -63,6 +63,9 @@ def test_flags_reach_the_server_and_the_key_comes_from_the_environment(tmp_path)
         status, listing = get(server.url + "/v1/models", key="sk-from-env")
         assert status == 200
         assert [(m["id"], m["max_model_len"]) for m in listing["data"]] == [("tiny-chat", 128)]
+        # bfloat16 by default, as the shipped workloads run; said where a client reads it
+        assert "bfloat16 on cpu" in "".join(server.lines)
+        assert [(m["dtype"], m["quantization"]) for m in listing["data"]] == [("bfloat16", None)]
         with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
             assert b'vllm:num_requests_running{model_name="tiny-chat"}' in response.read()
         assert (tmp_path / "rec" / "steps.jsonl").is_file()

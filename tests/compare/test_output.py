@@ -163,3 +163,22 @@ def test_no_gates_and_no_regression():
     root = ET.fromstring(render_junit(empty))
     assert root.find("testsuite").get("tests") == "0"
     assert json.loads(render_json(empty))["gates"] == []
+
+
+def test_a_single_repetition_shows_no_interval_rather_than_a_point():
+    single = MetricDelta("decode_mbu", 0.6, 0.51, -0.15, None, None, None, None, 1, 1)
+    result = GateResult(
+        Gate("decode_mbu", "max_decrease", 0.1),
+        single,
+        "regression",
+        "decode_mbu fell 15.0% (1 repetition: no interval), past the 10% allowed",
+    )
+    floor = GateResult(Gate("decode_mbu", "min", 0.5), single, "pass", "within the floor")
+    comparison = Comparison((result, floor), "cpu", "cpu", False, False, 0.95, 1000, 0)
+    rows = render_table(comparison).splitlines()[6:8]
+    assert rows[0].endswith("-15.0%  1 repetition: no interval  regression")
+    assert rows[1].endswith("1 repetition: no interval  pass")
+    assert "| -15.0% | 1 repetition: no interval | **regression** |" in (
+        render_markdown(comparison)
+    )
+    assert to_dict(comparison)["gates"][0]["delta_ci"] == [None, None]

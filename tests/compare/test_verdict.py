@@ -161,6 +161,45 @@ def test_missing_values_and_empty_repetitions_are_dropped():
     assert out["decode_mbu"].baseline == 0.5 and out["decode_mbu"].num_new_repetitions == 1
 
 
+def test_one_repetition_of_a_per_repetition_metric_has_no_interval():
+    # 0.5 → 0.4 is −20%; one value on a side has no spread to resample, so no bounds at all
+    # (a zero-width interval would read as certainty). Per-request samples keep theirs.
+    one = RunSamples({"tpot_ms": [[10.0, 12.0, 14.0]]}, {"decode_mbu": [0.5]}, CPU)
+    three = RunSamples({}, {"decode_mbu": [0.4, 0.41, 0.39]}, CPU)
+    infos = [metric_info("decode_mbu"), metric_info("tpot_ms.p50")]
+    for base, new, delta in ((one, three, -0.2), (three, one, 0.25), (one, one, 0.0)):
+        mbu = measure(base, new, infos)["decode_mbu"]
+        assert mbu.delta == pytest.approx(delta)  # 0.4 / 0.5 − 1, 0.5 / 0.4 − 1, 0
+        assert (mbu.delta_low, mbu.delta_high) == (None, None)
+        assert not mbu.has_delta_interval
+    alone = measure(three, one, infos)["decode_mbu"]
+    assert (alone.new_low, alone.new_high) == (None, None) and not alone.has_new_interval
+    has_base_spread = measure(one, three, infos)["decode_mbu"]
+    assert has_base_spread.new_low < has_base_spread.new_high  # NEW alone has 3 repetitions
+    tpot = measure(one, one, infos)["tpot_ms.p50"]
+    assert tpot.delta_low < 0 < tpot.delta_high  # its requests are resampled
+
+
+def test_a_gate_without_an_interval_judges_the_change_and_says_so():
+    one, slower = (RunSamples({}, {"decode_mbu": [mbu]}, CPU) for mbu in (0.5, 0.4))
+    relative, floor = compare(
+        one, slower, [Gate("decode_mbu", "max_decrease", 0.1), Gate("decode_mbu", "min", 0.45)]
+    ).results
+    assert relative.verdict == "regression"
+    assert relative.reason == (
+        "decode_mbu fell 20.0% (1 repetition: no interval), past the 10% allowed"
+    )
+    assert floor.verdict == "regression"
+    assert floor.reason == (
+        "decode_mbu = 0.4 (1 repetition: no interval): wholly below the floor 0.45"
+    )
+    within = compare(one, slower, [Gate("decode_mbu", "max_decrease", 0.25)]).results[0]
+    assert within.verdict == "within noise"
+    assert within.reason == (
+        "decode_mbu changed -20.0% (1 repetition: no interval): not wholly past ±25%"
+    )
+
+
 def test_confidence_must_be_a_probability():
     with pytest.raises(ValueError, match="confidence"):
         measure(constant(1, 1), constant(1, 1), [metric_info("decode_mbu")], confidence=95)

@@ -146,6 +146,8 @@ def served_tiny():
             "0",
             "--device",
             "cpu",
+            "--dtype",
+            "float32",  # as the in-process run it is held against
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -193,6 +195,7 @@ def test_openai_backend_against_llmbench_serve_matches_the_engine(tmp_path, serv
     # The server's roofline, estimated from the token times and labelled so.
     assert summary["roofline_is_estimated"] is True and summary["decode_mbu"] > 0
     assert results["roofline"]["roofs"]["label"].startswith("measured")
+    assert results["roofline"]["weight_bytes_per_param"] == 4.0  # float32, as the server says
     points = [json.loads(line) for line in (http / "steps.jsonl").read_text().splitlines()]
     assert points and all(p["is_estimated"] and p["phase"] == "decode" for p in points)
     assert "ESTIMATED from the client" in (http / "report.html").read_text()

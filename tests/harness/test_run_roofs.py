@@ -3,10 +3,14 @@ its source; the openai backend's estimated decode points."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from llmbench.errors import UserError
 from llmbench.harness import run_roofs
+from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import HardwareCeilings, Roofs
 
 
@@ -132,3 +136,102 @@ def test_the_roofs_budget_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv("LLMBENCH_ROOFS_BUDGET_S", bad)
         with pytest.raises(UserError, match=f"LLMBENCH_ROOFS_BUDGET_S={bad}: give a number"):
             run_roofs._roofs_budget_s(60.0)
+
+
+def decode_record(num_tokens: int = 11) -> RequestRecord:
+    """One stream alone: `num_tokens` one-token chunks 1 ms apart after a 10-token prompt."""
+    return RequestRecord(
+        "r", "s", 0, scheduled_ns=0, sent_ns=0, end_ns=num_tokens * 1_000_000,
+        num_prompt_tokens=10, chunk_ns=[i * 1_000_000 for i in range(num_tokens)],
+        chunk_tokens=[1] * num_tokens,
+    )  # fmt: skip
+
+
+def openai_spec(tmp_path, url: str, *sets: str):
+    from llmbench.harness.spec_load import load_spec
+
+    spec_file = tmp_path / "remote.yaml"
+    spec_file.write_text(f"dtype: bfloat16\nbackend: {{kind: openai, url: '{url}'}}\n")
+    return load_spec(spec_file, list(sets))
+
+
+def test_a_llmbench_server_says_its_dtype_and_the_roofline_costs_its_bytes(tmp_path, capsys):
+    """`llmbench serve` in float32 with a bfloat16 spec: the estimated roofline reads 4 bytes a
+    weight and a K/V element, as the server says, not the spec's 2 (MBU 2× too high before)."""
+    from llmbench.engine.engine import EngineConfig, LLMEngine
+    from llmbench.harness.backends.openai import OpenAIBackend, ServedModel
+    from llmbench.roofline.cost_model import decode_cost
+    from llmbench.serve import ServeConfig
+    from tests.serve.helpers import serving
+
+    engine = LLMEngine(
+        EngineConfig(model="synthetic:tiny", dtype="float32", device="cpu", kv_cache_memory=2**22)
+    )
+    config = engine.model_config
+    with serving(engine, ServeConfig(served_model_name="tiny")) as url:
+        spec = openai_spec(tmp_path, url + "/v1")
+        backend = OpenAIBackend(spec.backend.url)
+        setup, _ = run_roofs.roofline_setup(spec, backend, config, None)
+    assert backend.served == ServedModel("tiny", "float32", None)
+    assert (setup.dtype, setup.weights) == ("float32", "float32")
+    assert (setup.weight_bytes_per_param, setup.kv_bytes_per_elem) == (4.0, 4.0)
+    assert setup.method.endswith("; weights float32, as the server says")
+    assert capsys.readouterr().err == ""  # nothing assumed
+    (point,) = run_roofs.estimated_points(spec, config, [decode_record()], setup)
+    step = decode_cost(config, 1, 16, 4.0, 4.0)  # contexts 11..20: mean 16
+    assert point["bytes"] == pytest.approx(10 * step.bytes)  # 10 decode steps in the window
+    # Told by the spec, the spec wins over the server.
+    told = openai_spec(tmp_path, "http://x/v1", "backend.weights=int8")
+    assert run_roofs.server_weights(told, backend.served) == (1.0, "int8")
+
+
+@pytest.mark.parametrize(
+    ("served", "weights", "dtype"),
+    [
+        ({"dtype": "float16"}, "float16", "float16"),
+        ({"dtype": "torch.float32"}, "float32", "float32"),
+        ({"dtype": "float16", "quantization": "int4:32"}, None, "float16"),  # bytes unknown
+        ({"dtype": "auto"}, None, "bfloat16"),  # not a dtype: the spec's is assumed
+        ({}, None, "bfloat16"),  # vLLM, SGLang, llama.cpp: nothing said
+    ],
+)
+def test_what_a_server_says_sets_the_weights_and_what_is_assumed(served, weights, dtype):
+    from llmbench.harness.backends.openai import served_model
+    from llmbench.harness.spec import BackendSpec, RunSpec
+    from llmbench.roofline.cost_model import BYTES_PER_ELEM
+
+    card = served_model({"data": [{"id": "m", **served}]}, None)
+    spec = RunSpec(model="synthetic:tiny", dtype="bfloat16", backend=BackendSpec(kind="openai"))
+    assert run_roofs.server_weights(spec, card) == (BYTES_PER_ELEM[dtype], weights)
+    assert (run_roofs.served_dtype(card) or spec.dtype) == dtype
+
+
+def test_a_server_that_says_nothing_gets_the_spec_dtype_and_a_warning(tmp_path, capsys):
+    """A server with no dtype in its model card (the test streaming server, as vLLM): today's
+    bytes (the spec's bfloat16), and the run says so: on stderr now, in its warnings at the end."""
+    from llmbench.engine.presets import PRESETS
+    from llmbench.harness.backends.openai import OpenAIBackend
+    from llmbench.harness.run_warnings import assumed_weights_line
+    from tests.harness.backends.test_openai import REPO_ROOT
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.harness.streaming_server", "--port", "0", "--record",
+         str(tmp_path / "server.jsonl")],
+        cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{process.stdout.readline().strip()}/v1"
+        spec = openai_spec(tmp_path, url)
+        backend = OpenAIBackend(url)
+        setup, _ = run_roofs.roofline_setup(spec, backend, PRESETS["llama-3.1-8b"], None)
+    finally:
+        process.stdin.close()  # the server exits when its stdin closes
+        process.wait(timeout=10)
+    assert backend.served is not None and backend.served.dtype is None
+    assert (setup.dtype, setup.weights, setup.weight_bytes_per_param) == ("bfloat16", None, 2.0)
+    line = assumed_weights_line(setup)
+    assert line == (
+        "the server does not say how it stores its weights: the estimated roofline assumes "
+        "bfloat16 (2 bytes/param); set backend.weights if it is another"
+    )
+    assert capsys.readouterr().err == f"roofline: {line}\n"

@@ -6,9 +6,10 @@ import pytest
 
 from llmbench.harness.metrics import summarize
 from llmbench.harness.records import RequestRecord
-from llmbench.harness.results import MachineLoad
+from llmbench.harness.results import MachineLoad, Roofline
 from llmbench.harness.run_warnings import (
     WARM_CACHE_SLACK_TOKENS,
+    assumed_weights_line,
     busy_line,
     first_turn_shared_tokens,
     ignore_eos_line,
@@ -193,3 +194,30 @@ def test_token_count_mismatches_are_a_warning(mismatches):
         "tokenizer"
     ]
     assert lines == (expected if mismatches else [])
+
+
+def roofline(weights: str | None, *, is_estimated: bool = True) -> Roofline:
+    return Roofline(is_estimated, "m", "bfloat16", 2.0, 2.0, None, None, weights=weights)
+
+
+def test_assumed_weight_bytes_are_a_warning():
+    """A server that says nothing of its weights: the run says which dtype its roofline assumed
+    (an engine's or a told server's weights are known)."""
+    line = (
+        "the server does not say how it stores its weights: the estimated roofline assumes "
+        "bfloat16 (2 bytes/param); set backend.weights if it is another"
+    )
+    assert assumed_weights_line(roofline(None)) == line
+    assert assumed_weights_line(roofline("float32")) is None  # the server said, or the spec
+    assert assumed_weights_line(roofline("int4:32, lm_head int8", is_estimated=False)) is None
+    assert assumed_weights_line(None) is None
+    lines = run_warnings(
+        [req(usage=True, server_prompt=100, cached=0)],
+        summarize([req(usage=True, server_prompt=100, cached=0)]),
+        MachineLoad(2, 0, 0, 0, 0, False),
+        backend="openai",
+        max_failed_fraction=0.05,
+        shared_tokens=None,
+        roofline=roofline(None),
+    )
+    assert lines == [line]

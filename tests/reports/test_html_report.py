@@ -150,3 +150,34 @@ def test_a_speculating_run_gets_its_speculative_table():
     html = html_report.render(dataclasses.replace(run, results=results)).html
     assert "<h2>Speculative decoding</h2>" in html
     assert "<tr><th>draft tokens accepted</th><td>10 of 40 (25.0%)</td></tr>" in html
+
+
+def test_a_sweep_names_the_points_that_ran_on_a_busy_machine(tmp_path):
+    """The sweep page says what each point's own report says of a busy machine: a point from
+    before `summary.warnings` by its recorded load, a newer one by its warning line."""
+    from llmbench.reports import markdown_report, rundata
+    from tests.harness.synthetic_runs import write_run
+    from tests.reports.variant_folders import BUSY_SENTENCE, mark_busy
+
+    write_run(tmp_path / "point-1", 1, sweep_point=1.0, num_requests=4)
+    write_run(tmp_path / "point-2", 2, sweep_point=2.0, num_requests=4, is_busy=True)
+    mark_busy(write_run(tmp_path / "point-4", 3, sweep_point=4.0, num_requests=4))
+    points = rundata.sweep_points(tmp_path)
+    html = html_report.render_sweep("sweep", points).html
+    old = (
+        "The machine was busy: other processes used 1.0 cores during the run (of 2); the "
+        "numbers are pessimistic."
+    )
+    boxes = [f'<p class="warn">point-2: {old}</p>', f'<p class="warn">point-4: {BUSY_SENTENCE}</p>']
+    assert html.count('<p class="warn">') == 2 and all(box in html for box in boxes)
+    assert html.index(boxes[1]) < html.index("<table>")
+    for point, sentence in (("point-2", old), ("point-4", BUSY_SENTENCE)):
+        own = html_report.render(rundata.load(tmp_path / point)).html
+        assert f'<p class="warn">{sentence}</p>' in own
+    markdown = markdown_report.render_sweep("sweep", points).splitlines()
+    assert markdown[2:4] == [
+        f"> **warning:** point-2: {old}",
+        f"> **warning:** point-4: {BUSY_SENTENCE}",
+    ]
+    quiet = html_report.render_sweep("sweep", points[:1]).html
+    assert '<p class="warn">' not in quiet

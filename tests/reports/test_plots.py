@@ -111,6 +111,37 @@ def test_roofline_plots_each_steps_intensity_and_achieved_flops_on_log_axes():
     ]
 
 
+def test_the_roofline_counts_and_draws_the_measured_steps_as_the_table_does():
+    """Warm-up steps (repetition 0) are in steps.jsonl but not in the table's counts or MBU:
+    the legend counts what the table counts (391 vs 360 before), and only those are drawn."""
+    from llmbench.roofline.analysis import phase_utilization
+
+    warmup = [_step(0.0, 0.001, "decode", 1e9, 1e9, repetition=0, num_seqs=1)] * 3
+    warmup += [_step(0.0, 0.010, "prefill", 5e11, 1e9, repetition=0, num_seqs=1)]
+    measured = [_step(0.01, 0.011, "decode", 2e9, 1e9, repetition=1, num_seqs=1)] * 2
+    measured += [_step(0.02, 0.03, "prefill", 5e11, 1e9, repetition=2, num_seqs=1)]
+    measured += [_step(0.04, 0.041, "decode", 2e9, 1e9, num_seqs=1)]  # from before repetitions
+    run = _run([*warmup, *measured], roofline={"roofs": MEASURED})
+    plot = plots.roofline(run)
+    ax = plot.figure.axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    table = phase_utilization(measured, 2e12, 5e14)  # what run_summary puts in the table
+    assert (table["decode"]["num_steps"], table["prefill"]["num_steps"]) == (3, 1)
+    assert legend[1:] == ["decode steps (3)", "prefill steps (1)"]
+    drawn = [url.split(":")[0] for c in ax.collections[1:] for url in c.get_urls()]
+    assert sorted(drawn) == ["decode step 4", "decode step 5", "decode step 7", "prefill step 6"]
+    assert "The 4 warm-up steps are left out, as in the table." in plot.caption
+    # An estimated point stands for several steps: counted as the table counts them.
+    windows = [
+        _step(0.0, 1.0, "decode", 2e9, 1e9, num_steps=12.5, repetition=1, num_seqs=2),
+        _step(1.0, 2.0, "decode", 2e9, 1e9, num_steps=7.5, repetition=1, num_seqs=2),
+    ]
+    estimated = plots.roofline(_run(windows, roofline={"roofs": MEASURED, "is_estimated": True}))
+    texts = [t.get_text() for t in estimated.figure.axes[0].get_legend().get_texts()]
+    assert texts[1:] == ["decode steps (20)"]
+    assert "warm-up" not in estimated.caption
+
+
 def test_a_roof_without_a_flops_peak_is_its_slanted_line_alone():
     steps = [_step(0.0, 0.001, "decode", 2e9, 1e9), _step(0.001, 0.002, "prefill", 4e9, 1e9)]
     roofs = {"label": "measured X", "read_bytes_per_s": 2e12, "flops_per_s": None}

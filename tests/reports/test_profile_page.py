@@ -105,3 +105,22 @@ def test_the_page_opens_offline_with_its_figures_and_hover_texts(tmp_path):
     assert "qkv_proj: 4 ms per step, bound 2 ms, lost 2 ms" in tips
     assert "unattributed (Python, dispatch): 2 ms per step" in tips
     assert any(t.startswith("whole step: 10 ms per step, 25MB") for t in tips), tips
+
+
+BUSY = (
+    "the machine was busy: other processes used 0.90 cores just before the profile and 1.00 "
+    "during it (of 2); the numbers are pessimistic"
+)
+
+
+def test_a_profile_on_a_busy_machine_says_so_first():
+    from llmbench.roofline import profile_table
+
+    busy = {**result(), "warnings": [BUSY]}
+    text = profile_table.lines(busy)
+    assert text[1] == f"warning: {BUSY}" and text[3] == "batch 4, context 512"
+    html = render(busy).html
+    box = f'<p class="warn">{BUSY[0].upper()}{BUSY[1:]}.</p>'
+    assert box in html and html.index(box) < html.index("<h2>")
+    assert '<p class="warn">' not in render(result()).html  # quiet, or from before warnings
+    assert not any(line.startswith("warning:") for line in profile_table.lines(result()))

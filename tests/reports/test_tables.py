@@ -170,6 +170,26 @@ def test_the_model_row_never_names_a_dtype_a_server_did_not_say():
     assert dict(tables.provenance_rows(_results_run(server)))["model"] == "m (weights q4_1)"
 
 
+def test_the_device_row_leaves_out_what_the_device_does_not_have():
+    """An engine run has no url ("url: None" ended the line), a server no name or threads."""
+    engine = {"type": "cpu", "name": "EPYC", "threads": 2, "kernels": "torch", "url": None}
+    server = {
+        "type": "remote",
+        "name": None,
+        "threads": None,
+        "kernels": None,
+        "url": "http://h/v1",
+    }
+    rows = [
+        dict(tables.provenance_rows(_results_run({"provenance": {"device": device}})))["device"]
+        for device in (engine, server)
+    ]
+    assert rows == [
+        "type: cpu, name: EPYC, threads: 2, kernels: torch",
+        "type: remote, url: http://h/v1",
+    ]
+
+
 def test_speculative_rows_by_hand():
     block = {
         "num_proposed_tokens": 1200,

@@ -4,9 +4,9 @@ opens in headless Chromium without an error or an outside request."""
 
 from __future__ import annotations
 
-from llmbench.reports import render, variants_page
+from llmbench.reports import html_report, render, rundata, variants_page
 from tests.reports.browser import open_in_chromium
-from tests.reports.variant_folders import write_variants
+from tests.reports.variant_folders import BUSY_SENTENCE, mark_busy, write_variants
 
 
 def test_page_and_markdown_put_the_variants_side_by_side(tmp_path):
@@ -48,3 +48,17 @@ def test_write_reports_renders_the_top_page_and_each_variants_own(tmp_path):
     report = open_in_chromium(html_path, "figure svg", tmp_path / "shot.png")
     assert report.console_errors == [] and report.requests == []
     assert len(report.element_sizes) == 4 and all(w > 0 for _, w, _ in report.element_sizes)
+
+
+def test_a_variant_on_a_busy_machine_is_named_as_its_own_report_names_it(tmp_path):
+    folder = write_variants(tmp_path)
+    mark_busy(folder / "variants" / "slow")
+    page, markdown = variants_page.render(folder)
+    box = f'<p class="warn">slow: {BUSY_SENTENCE}</p>'
+    assert page.html.count('<p class="warn">') == 1 and box in page.html
+    assert page.html.index(box) < page.html.index("<h2>Speed</h2>")
+    assert f"> **warning:** slow: {BUSY_SENTENCE}" in markdown.splitlines()
+    own = html_report.render(rundata.load(folder / "variants" / "slow")).html
+    assert f'<p class="warn">{BUSY_SENTENCE}</p>' in own  # the same words as the run's report
+    quiet, _ = variants_page.render(write_variants(tmp_path / "quiet"))
+    assert '<p class="warn">' not in quiet.html

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from llmbench.harness.results import read_results, write_results
+from llmbench.harness.results import MachineLoad, read_results, write_results
+from llmbench.harness.run_warnings import busy_line
 from llmbench.harness.variant_index import VariantEntry, VariantIndex, write_index
 from tests.harness.synthetic_runs import write_run
 
@@ -65,3 +66,21 @@ def write_variants(folder: Path) -> Path:
     )
     write_index(folder, VariantIndex("synthetic", entries))
     return folder
+
+
+BUSY_LOAD = MachineLoad(2, 1.5, 2.0, 0.9, 1.0, True)  # other processes: 0.9, then 1.0 of 2 cores
+BUSY_SENTENCE = (
+    "The machine was busy: other processes used 0.90 cores just before the run and 1.00 during "
+    "it (of 2); the numbers are pessimistic."
+)
+
+
+def mark_busy(run_folder: Path) -> Path:
+    """Rewrite a run as one on a busy machine, as `llmbench run` writes it: the load in its
+    provenance, `summary.machine_busy` and the warning line (`run_warnings.busy_line`)."""
+    result = read_results(run_folder)
+    warnings = [busy_line(BUSY_LOAD), *result.summary.get("warnings", [])]
+    summary = {**result.summary, "machine_busy": True, "warnings": warnings}
+    provenance = dataclasses.replace(result.provenance, machine_load=BUSY_LOAD)
+    write_results(run_folder, dataclasses.replace(result, summary=summary, provenance=provenance))
+    return run_folder

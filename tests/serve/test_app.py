@@ -88,6 +88,8 @@ def test_models_list_and_one_model_by_id(url):
     [card] = listing["data"]
     assert card["id"] == NAME and card["object"] == "model" and card["owned_by"] == "llmbench"
     assert card["max_model_len"] == 64  # --max-model-len, below the model's 4,096
+    # llmbench's own: what a client needs to cost the bytes a step reads
+    assert (card["dtype"], card["quantization"]) == ("float32", None)
     assert request("GET", url + f"/v1/models/{NAME}") == (200, card)
     status, error = request("GET", url + "/v1/models/synthetic:tiny")
     assert status == 404 and error["error"]["code"] == "model_not_found"

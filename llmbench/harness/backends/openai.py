@@ -10,6 +10,10 @@ tokenizer on a short tail of the text): one asyncio process follows ~30,000 chun
 Nothing is sent that a server could refuse unless asked for: no request-id header by default
 (llama-cpp-python's server answers 400 to an `X-Request-Id` that is not a UUID), `backend.headers`
 on every request, `backend.request_id_header` for a fresh UUID4 per request.
+
+What the server says of its model (`GET /models`: its id; its dtype and weight quantization where
+it says them, as `llmbench serve` does) is a `ServedModel`: the estimated roofline costs the
+server's bytes with it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -31,10 +36,38 @@ from llmbench.harness.backends.openai_stream import (
 from llmbench.harness.records import GenerationRequest, StreamEvent
 
 _DRAIN_AFTER_DONE_S = 1.0  # wait this long for the end of the HTTP body after `data: [DONE]`
+_MODELS_TIMEOUT_S = 10.0  # GET /models answers at once on a live server
 
 
 class BackendError(Exception):
     """A request (or the connection to the server) failed; the message is a one-line reason."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model as the server's `GET /models` card describes it: its id and, where the server
+    says them (`llmbench serve` does; vLLM, SGLang and llama.cpp do not), the dtype it computes
+    and stores its weights in and its weight quantization (None: none, or not said)."""
+
+    id: str
+    dtype: str | None = None
+    quantization: str | None = None
+
+
+def served_model(listing: object, model: str | None) -> ServedModel | None:
+    """The card of `model` (the first card when None) in a `GET /models` reply, or None when it
+    lists no such model. A `dtype` or `quantization` that is not a string counts as not said."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    cards = [c for c in data if isinstance(c, dict) and "id" in c] if isinstance(data, list) else []
+    card = next((c for c in cards if model is None or c["id"] == model), None)
+    if card is None:
+        return None
+
+    def text(key: str) -> str | None:
+        value = card.get(key)
+        return value if isinstance(value, str) and value else None
+
+    return ServedModel(str(card["id"]), text("dtype"), text("quantization"))
 
 
 class OpenAIBackend:
@@ -68,25 +101,49 @@ class OpenAIBackend:
         self.max_connections = max_connections
         self.headers = dict(headers or {})
         self.request_id_header = request_id_header
+        self.served: ServedModel | None = None  # the model's card, once `start`/`describe` read it
         self._session: aiohttp.ClientSession | None = None
 
-    async def start(self) -> None:
-        """Open the connection pool; find the served model when none was given."""
+    def _session_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    async def start(self) -> None:
+        """Open the connection pool; find the served model when none was given."""
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self.max_connections),
-            headers=headers,
+            headers=self._session_headers(),
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
         )
         if self.model is not None:
             return
         try:
-            self.model = await self._first_model()
+            served = served_model(await self._models(self._session), None)
+            if served is None:
+                raise BackendError("GET /models listed no model")
         except BackendError as e:
             await self.close()
             raise BackendError(f"cannot reach {self.url}: {e}; is the server running?") from None
+        self.model, self.served = served.id, served
+
+    async def describe(self) -> ServedModel | None:
+        """What the server says of the model this backend asks for (`model`, else its first):
+        None when it cannot be asked or does not list it — `start` is the one that says why.
+        Works before `start`, over a connection of its own."""
+        if self.served is not None:
+            return self.served
+        try:
+            if self._session is not None:
+                listing = await self._models(self._session)
+            else:
+                async with aiohttp.ClientSession(headers=self._session_headers()) as session:
+                    listing = await self._models(session)
+        except BackendError:
+            return None
+        self.served = served_model(listing, self.model)
+        return self.served
 
     async def close(self) -> None:
         if self._session is not None:
@@ -179,27 +236,23 @@ class OpenAIBackend:
         body["prompt"] = request.prompt_text
         return "/completions", body
 
-    async def _first_model(self) -> str:
-        assert self._session is not None
+    async def _models(self, session: aiohttp.ClientSession) -> object:
+        """The server's `GET /models` reply, parsed; a `BackendError` saying why not."""
         try:
-            async with self._session.get(
-                self.url + "/models", timeout=aiohttp.ClientTimeout(total=10)
+            async with session.get(
+                self.url + "/models", timeout=aiohttp.ClientTimeout(total=_MODELS_TIMEOUT_S)
             ) as response:
                 if response.status >= 400:
                     text = await response.text(errors="replace")
                     status = response.status
                     raise BackendError(f"GET /models gave HTTP {status}: {quote_body(text)}")
-                listing = await response.json(content_type=None)
+                return await response.json(content_type=None)
         except asyncio.TimeoutError:
-            raise BackendError("no answer from GET /models in 10 s") from None
+            raise BackendError(f"no answer from GET /models in {_MODELS_TIMEOUT_S:g} s") from None
         except aiohttp.ClientConnectorError as e:
             raise BackendError(str(e.os_error)) from None
         except (aiohttp.ClientError, ValueError) as e:
             raise BackendError(clip(str(e) or type(e).__name__)) from None
-        models = listing.get("data") if isinstance(listing, dict) else None
-        if not models or not isinstance(models[0], dict) or "id" not in models[0]:
-            raise BackendError("GET /models listed no model")
-        return models[0]["id"]
 
 
 def quote_body(text: str) -> str:

@@ -20,7 +20,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from llmbench.harness.backends.openai import BackendError, OpenAIBackend
+from llmbench.harness.backends.openai import (
+    BackendError,
+    OpenAIBackend,
+    ServedModel,
+    served_model,
+)
 from llmbench.harness.records import GenerationRequest, RequestRecord
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -297,6 +302,47 @@ def test_the_model_is_asked_for_and_an_unreachable_server_is_named(start_server)
     url = f"http://127.0.0.1:{port}/v1"
     with pytest.raises(BackendError, match=f"^cannot reach {url}: .*; is the server running\\?$"):
         asyncio.run(start(url))
+
+
+def test_what_the_server_says_of_its_model_is_read_before_and_at_start(start_server):
+    """`describe` asks `GET /models` before the run, over a connection of its own; a server that
+    cannot be asked is None (start says why); `start` keeps the card it chose the model from."""
+
+    async def describe(url: str, model: str | None = None):
+        backend = OpenAIBackend(url, model=model)
+        before = await backend.describe()
+        try:
+            await backend.start()
+        except BackendError:
+            return before, None
+        await backend.close()
+        return before, backend.served
+
+    url = start_server().url
+    card = ServedModel("streaming-test-model", dtype=None, quantization=None)
+    assert asyncio.run(describe(url)) == (card, card)
+    assert asyncio.run(describe(url, "another-model")) == (None, None)  # not listed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert asyncio.run(describe(f"http://127.0.0.1:{port}/v1")) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("cards", "model", "expected"),
+    [
+        ([{"id": "a", "dtype": "bfloat16", "quantization": None}], None, ("a", "bfloat16", None)),
+        ([{"id": "a"}, {"id": "b", "dtype": "float16", "quantization": "int8"}], "b",
+         ("b", "float16", "int8")),
+        ([{"id": "a", "dtype": 2}], None, ("a", None, None)),  # not a name: not said
+        (["junk", {"id": "a"}], None, ("a", None, None)),
+        ([], None, None),
+        (None, None, None),  # no "data"
+    ],
+)  # fmt: skip
+def test_a_model_card_is_read_leniently(cards, model, expected):
+    card = served_model({"object": "list"} if cards is None else {"data": cards}, model)
+    assert (None if card is None else (card.id, card.dtype, card.quantization)) == expected
 
 
 async def with_app(handler, request: GenerationRequest, **options) -> RequestRecord:
