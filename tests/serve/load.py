@@ -168,6 +168,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="synthetic:tiny")
     parser.add_argument("--kv-cache-memory", default=str(4 * 2**20))
+    parser.add_argument("--dtype", default="float32", help="the server's --dtype (docs: float32)")
     parser.add_argument("--requests", type=int, default=22_000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=8)
@@ -193,6 +194,7 @@ def main() -> None:
     if args.no_bpe_cache:
         env["LOAD_NO_BPE_CACHE"] = "1"
     server_args = ["--model", args.model, "--kv-cache-memory", args.kv_cache_memory]
+    server_args += ["--dtype", args.dtype]
     if args.threads:
         server_args += ["--threads", args.threads]
     server = ServerProcess(server_args, probe=args.probe, env=env)
