@@ -13,6 +13,7 @@ import click
 from llmbench.errors import UserError
 
 if TYPE_CHECKING:  # the harness is imported when the command runs
+    from llmbench.compare.gates import Gate
     from llmbench.compare.runs import RunPair
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown appended here
@@ -26,8 +27,9 @@ STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown ap
     "gates_path",
     type=click.Path(path_type=Path),
     default=None,
-    help="gates YAML, e.g. `tpot_ms.p50: {max_increase: 5%}` (default: the shipped "
-    "hardware-normalised gates)",
+    help="gates YAML, e.g. `tpot_ms.p50: {max_increase: 5%}` (default: the shipped gates "
+    "for the runs' backend: hardware-normalised for the engine, plus raw latency on one "
+    "device; latency, throughput and failures for a server)",
 )
 @click.option(
     "--format",
@@ -42,6 +44,11 @@ STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown ap
 @click.option("--force", is_flag=True, help="compare runs of different benchmarks anyway")
 @click.option("--allow-busy", is_flag=True, help="call regressions on a busy machine too")
 @click.option("--force-devices", is_flag=True, help="gate raw times/rates across devices too")
+@click.option(
+    "--allow-missing",
+    is_flag=True,
+    help="a gate refused or without data does not make the comparison unusable (exit 0 then)",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap seed")
 def compare(
     baseline: Path,
@@ -53,6 +60,7 @@ def compare(
     force: bool,
     allow_busy: bool,
     force_devices: bool,
+    allow_missing: bool,
     seed: int,
 ) -> None:
     """Compare NEW against BASE on every gate: change, 95% bootstrap interval, verdict.
@@ -62,17 +70,19 @@ def compare(
     fraction from a side of one repetition has no interval and is judged on its change. Exit 0:
     no regression; 1: a regression (each failing gate explained under the table, or on stderr
     with --format markdown / json); 2: unusable input (missing or corrupt files, an unknown
-    schema version, runs of different benchmarks without --force). A regression measured on a
+    schema version, runs of different benchmarks without --force) or no verdict (a gate refused
+    or without data, each named on stderr, unless --allow-missing). A regression measured on a
     busy machine is inconclusive unless --allow-busy. The Markdown is appended to
     $GITHUB_STEP_SUMMARY when it is set. JSON: a sweep's is {"has_regression", "points":
     [...]}, one object per point."""
     from llmbench.compare import sweep_output
-    from llmbench.compare.gates import default_gates, load_gates
+    from llmbench.compare.gates import load_gates
     from llmbench.compare.runs import pair_runs
+    from llmbench.compare.verdict import WHAT_TO_PASS
     from llmbench.compare.verdict import compare as judge_gates
 
-    gates = load_gates(gates_path) if gates_path is not None else default_gates()
     pairs = pair_runs(baseline, new, force=force)
+    gates = load_gates(gates_path) if gates_path is not None else _default_gates(pairs[0])
     points = [
         (
             pair.point,
@@ -82,6 +92,7 @@ def compare(
                 gates,
                 allow_busy=allow_busy,
                 force_devices=force_devices,
+                allow_missing=allow_missing,
                 seed=seed,
             ),
         )
@@ -119,6 +130,42 @@ def compare(
                 )
     if sweep_output.has_regression(points):
         sys.exit(1)
+    if sweep_output.is_unusable(points):  # no silent pass: a gate without a verdict is no pass
+        for point, comparison in points:
+            where = f"{point}: " if point else ""
+            if not comparison.results:
+                click.echo(f"error: {where}no gates to judge; give --gates", err=True)
+            for result in comparison.without_verdict:
+                hint = WHAT_TO_PASS[result.verdict]
+                click.echo(
+                    f"error: {where}{result.gate.name}: {result.verdict}: {result.reason}; {hint}",
+                    err=True,
+                )
+        sys.exit(2)
+
+
+def _default_gates(pair: RunPair) -> tuple[Gate, ...]:
+    """The shipped gates for what BASE and NEW are (`gates.default_gates`): by backend, device
+    and SLOs; latency gates only where both sides kept their requests (a results file alone
+    has none)."""
+    from llmbench.compare.gates import default_gates
+
+    base, new = pair.baseline, pair.new
+    gates = default_gates(
+        base.result.provenance.backend,
+        is_same_device=base.samples.device == new.samples.device,
+        has_slo=bool(base.result.spec.get("slo")) and bool(new.result.spec.get("slo")),
+    )
+    if base.has_records and new.has_records:
+        return gates
+    left_out = [g.name for g in gates if g.info.is_per_request]
+    if left_out:
+        click.echo(
+            f"note: default latency gates left out ({', '.join(left_out)}): a side has no "
+            "requests.jsonl",
+            err=True,
+        )
+    return tuple(g for g in gates if not g.info.is_per_request)
 
 
 def _notes(pair: RunPair, uses_latency: bool, uses_repetitions: bool) -> list[str]:

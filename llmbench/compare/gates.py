@@ -64,9 +64,10 @@ _PER_REPETITION: dict[str, tuple[str, MetricKind]] = {
     "output_tok_per_s_per_gb_s": ("tok/s per GB/s", "hardware-normalised"),
     "prefix_cache_hit_rate": ("fraction", "device-independent"),  # cached / prompt tokens
 }
-# Mixture-of-experts routing, one value per repetition, better when lower (fewer expert bytes
-# per decode step; a more even load): (unit, kind).
+# One value per repetition, better when lower: the failed fraction of measured requests, and
+# mixture-of-experts routing (fewer expert bytes per decode step; a more even load): (unit, kind).
 _PER_REPETITION_LOWER: dict[str, tuple[str, MetricKind]] = {
+    "failed_fraction": ("fraction", "device-independent"),
     "moe_decode_experts_touched": ("experts per layer", "device-independent"),
     "moe_load_max_over_mean": ("ratio", "device-independent"),
 }
@@ -214,7 +215,21 @@ def load_gates(path: Path) -> tuple[Gate, ...]:
 DEFAULT_GATES_FILE = "default_gates.yaml"
 
 
-def default_gates() -> tuple[Gate, ...]:
-    """The shipped gates: hardware-normalised metrics only, wide enough for a noisy machine."""
+def default_gates(
+    backend: str = "engine", *, is_same_device: bool = False, has_slo: bool = False
+) -> tuple[Gate, ...]:
+    """The shipped gates for two runs of `backend` (engine, transformers or openai): engine
+    runs gate hardware-normalised metrics, plus raw latency and throughput when both ran on
+    one device; server runs gate the client's latency and throughput, the failed fraction,
+    and goodput when the specs set SLOs (`default_gates.yaml` says why each)."""
+    source = f"llmbench/compare/{DEFAULT_GATES_FILE}"
     text = resources.files("llmbench.compare").joinpath(DEFAULT_GATES_FILE).read_text()
-    return parse_gates(text, f"llmbench/harness/{DEFAULT_GATES_FILE}")
+    data, lines = read_yaml(text, source)
+    if backend == "openai":
+        sections = ["server", *(["server_with_slo"] if has_slo else [])]
+    else:
+        sections = ["engine", *(["engine_same_device"] if is_same_device else [])]
+    try:
+        return tuple(gate for name in sections for gate in _build_gates(data[name]))
+    except SpecError as e:
+        raise located(e, source, lines) from None

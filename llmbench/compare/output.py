@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from llmbench.compare.gates import format_percent
-from llmbench.compare.verdict import NO_INTERVAL, Comparison, GateResult
+from llmbench.compare.verdict import NO_INTERVAL, WITHOUT_VERDICT, Comparison, GateResult
 
 HEADER = ("gate", "BASE", "NEW", "change", "CI", "verdict")
 
@@ -78,9 +78,15 @@ def _sides(comparison: Comparison) -> list[str]:
     ]
 
 
+def outcome(comparison: Comparison) -> str:
+    """REGRESSION, NO VERDICT (a gate refused or without data: not a pass), or no regression."""
+    if comparison.has_regression:
+        return "REGRESSION"
+    return "NO VERDICT" if comparison.is_unusable else "no regression"
+
+
 def _title(comparison: Comparison) -> str:
-    verdict = "REGRESSION" if comparison.has_regression else "no regression"
-    return f"llmbench compare: {verdict} ({_counts(comparison)})"
+    return f"llmbench compare: {outcome(comparison)} ({_counts(comparison)})"
 
 
 def _ci_label(comparison: Comparison) -> str:
@@ -136,18 +142,19 @@ def render_markdown(comparison: Comparison) -> str:
 
 
 def render_junit(comparison: Comparison) -> str:
-    """JUnit XML: one <testcase> per gate; a regression is a <failure>, a refused gate an
-    <error>, an inconclusive or unmeasured gate <skipped>; every case carries its reason."""
-    verdicts = [r.verdict for r in comparison.results]
+    """JUnit XML: one <testcase> per gate; a regression is a <failure>, a refused or unmeasured
+    gate an <error> (no silent pass; <skipped> when missing verdicts are allowed), an
+    inconclusive one <skipped>; every case carries its reason."""
+    tags = [_junit_tag(r.verdict, comparison.allow_missing) for r in comparison.results]
     suites = ET.Element("testsuites", name="llmbench compare")
     suite = ET.SubElement(
         suites,
         "testsuite",
         name="llmbench compare",
-        tests=str(len(verdicts)),
-        failures=str(verdicts.count("regression")),
-        errors=str(verdicts.count("refused")),
-        skipped=str(verdicts.count("inconclusive") + verdicts.count("no data")),
+        tests=str(len(tags)),
+        failures=str(tags.count("failure")),
+        errors=str(tags.count("error")),
+        skipped=str(tags.count("skipped")),
     )
     properties = ET.SubElement(suite, "properties")
     for name, value in (
@@ -164,9 +171,7 @@ def render_junit(comparison: Comparison) -> str:
         case = ET.SubElement(
             suite, "testcase", classname="llmbench.compare", name=result.gate.name, time="0"
         )
-        tag = {"regression": "failure", "refused": "error"}.get(result.verdict)
-        if tag is None and result.verdict in ("inconclusive", "no data"):
-            tag = "skipped"
+        tag = _junit_tag(result.verdict, comparison.allow_missing)
         if tag is not None:
             ET.SubElement(
                 case, tag, message=result.reason, type=result.verdict
@@ -174,6 +179,14 @@ def render_junit(comparison: Comparison) -> str:
         ET.SubElement(case, "system-out").text = f"{result.verdict}: {result.reason}"
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, "unicode") + "\n"
+
+
+def _junit_tag(verdict: str, allow_missing: bool) -> str | None:
+    if verdict == "regression":
+        return "failure"
+    if verdict in WITHOUT_VERDICT:
+        return "skipped" if allow_missing else "error"
+    return "skipped" if verdict == "inconclusive" else None
 
 
 def _finite(x: float | None) -> float | None:
@@ -210,6 +223,7 @@ def to_dict(comparison: Comparison) -> dict[str, Any]:
         )
     return {
         "has_regression": comparison.has_regression,
+        "is_unusable": comparison.is_unusable,  # a gate without a verdict: exit 2
         "baseline": {"device": comparison.baseline_device, "is_busy": comparison.is_baseline_busy},
         "new": {"device": comparison.new_device, "is_busy": comparison.is_new_busy},
         "confidence": comparison.confidence,

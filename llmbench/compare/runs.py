@@ -29,11 +29,11 @@ from llmbench.harness.metrics import LATENCY_FAMILIES
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import RESULTS_FILE, Device, RunResult, read_results
 from llmbench.harness.run_summary import can_rebuild
+from llmbench.harness.spec import NOT_THE_BENCHMARK
 
 SWEEP_POINT_GLOB = "point-*"
-# Spec keys that do not change what a repetition measures (names, where the folder goes, how many
-# repetitions, how failures are judged): they may differ.
-LABEL_KEYS = ("name", "output_dir", "repeat", "max_failed_fraction")
+# Spec keys that name a run and its folder: they may differ (so may `spec.NOT_THE_BENCHMARK`).
+LABEL_KEYS = ("name", "output_dir")
 # Provenance keys that must match, named first when they differ (spec_hash then says where).
 SAME_BENCHMARK_KEYS = ("model", "dtype", "workload_hash")
 # What a roofline point needs to be drawn (`steps.jsonl`).
@@ -279,11 +279,16 @@ def _short(value: Any) -> str:
 def spec_differences(
     baseline: Mapping[str, Any], new: Mapping[str, Any], skip: Sequence[str] = ()
 ) -> list[str]:
-    """`key.path: base vs new` for every spec leaf that differs, labels (`LABEL_KEYS`) and
+    """`key.path: base vs new` for every spec leaf that differs, labels (`LABEL_KEYS`), what
+    is not the benchmark (`spec.NOT_THE_BENCHMARK`: the server's address, headers, ...) and
     `skip` aside."""
     a, b = _flatten(baseline), _flatten(new)
-    ignored = (*LABEL_KEYS, *skip)
-    keys = [k for k in (*a, *(k for k in b if k not in a)) if k.split(".")[0] not in ignored]
+    ignored = (*LABEL_KEYS, *NOT_THE_BENCHMARK, *skip)
+
+    def is_ignored(key: str) -> bool:
+        return any(key == i or key.startswith(f"{i}.") for i in ignored)
+
+    keys = [k for k in (*a, *(k for k in b if k not in a)) if not is_ignored(k)]
     return [
         f"{k}: {_short(a.get(k, _ABSENT))} vs {_short(b.get(k, _ABSENT))}"
         for k in keys

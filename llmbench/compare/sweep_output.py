@@ -27,9 +27,20 @@ def has_regression(points: Points) -> bool:
     return any(comparison.has_regression for _, comparison in points)
 
 
+def is_unusable(points: Points) -> bool:
+    """A point gave no verdict on some gate (refused, no data) and that was not allowed."""
+    return any(comparison.is_unusable for _, comparison in points)
+
+
 def _sweep_title(points: Points) -> str:
     failing = [point for point, c in points if c.has_regression]
-    verdict = f"REGRESSION at {', '.join(failing)}" if failing else "no regression"
+    unusable = [point for point, c in points if c.is_unusable]
+    if failing:
+        verdict = f"REGRESSION at {', '.join(failing)}"
+    elif unusable:
+        verdict = f"NO VERDICT at {', '.join(unusable)}"
+    else:
+        verdict = "no regression"
     return f"llmbench compare: sweep of {len(points)} points, {verdict}"
 
 
@@ -82,11 +93,12 @@ def render_junit(points: Points) -> str:
 
 def to_dict(points: Points) -> dict[str, Any]:
     """JSON-ready data: a single run's `output.to_dict`; for a sweep,
-    {"has_regression", "points": [{"point": "point-4", ...that point's to_dict}]}."""
+    {"has_regression", "is_unusable", "points": [{"point": "point-4", ...its to_dict}]}."""
     if _is_single(points):
         return output.to_dict(points[0][1])
     return {
         "has_regression": has_regression(points),
+        "is_unusable": is_unusable(points),
         "points": [{"point": point, **output.to_dict(c)} for point, c in points],
     }
 

@@ -34,6 +34,15 @@ Verdict = Literal[
     "no data",  # a side did not measure the metric, or the baseline is 0
 ]
 FAILING: tuple[Verdict, ...] = ("regression",)
+# Gates that gave no verdict at all. A comparison with one is not a pass ("no silent pass"):
+# `compare` exits 2 naming each, unless the caller allows missing verdicts.
+WITHOUT_VERDICT: tuple[Verdict, ...] = ("refused", "no data")
+# What to do about each, for the line that names the gate.
+WHAT_TO_PASS = {
+    "refused": "pass --force-devices to compare raw numbers across devices, or gate a "
+    "hardware-normalised metric",
+    "no data": "measure it in both runs, leave the gate out of --gates, or pass --allow-missing",
+}
 
 # Resampled values held at once per side: bounds memory (≈ 8 bytes × 3 arrays × this).
 _CHUNK_VALUES = 2_000_000
@@ -109,6 +118,7 @@ class Comparison:
     confidence: float
     num_resamples: int
     seed: int
+    allow_missing: bool = False  # refused and no-data gates do not make it unusable
 
     @property
     def regressions(self) -> tuple[GateResult, ...]:
@@ -117,6 +127,19 @@ class Comparison:
     @property
     def has_regression(self) -> bool:
         return bool(self.regressions)
+
+    @property
+    def without_verdict(self) -> tuple[GateResult, ...]:
+        """The gates that were refused or had no data."""
+        return tuple(r for r in self.results if r.verdict in WITHOUT_VERDICT)
+
+    @property
+    def is_unusable(self) -> bool:
+        """No regression can be ruled out: a gate gave no verdict (or there were no gates),
+        and missing verdicts were not allowed."""
+        if self.allow_missing:
+            return False
+        return not self.results or bool(self.without_verdict)
 
 
 # -- bootstrap ---------------------------------------------------------------------------------
@@ -378,11 +401,13 @@ def compare(
     *,
     allow_busy: bool = False,
     force_devices: bool = False,
+    allow_missing: bool = False,
     seed: int = 0,
     num_resamples: int = 1000,
     confidence: float = 0.95,
 ) -> Comparison:
-    """Every gate judged on BASE vs NEW (see `measure` for the numbers, `judge` for verdicts)."""
+    """Every gate judged on BASE vs NEW (see `measure` for the numbers, `judge` for verdicts);
+    `allow_missing`: refused and no-data gates leave the comparison usable."""
     numbers = measure(
         baseline,
         new,
@@ -413,4 +438,5 @@ def compare(
         confidence=confidence,
         num_resamples=num_resamples,
         seed=seed,
+        allow_missing=allow_missing,
     )

@@ -265,6 +265,25 @@ class QualitySpec:
     generate: int = 16  # greedy tokens per prompt
 
 
+# Spec keys that do not change what is measured, left out of `RunSpec.hash` (and of the keys
+# `compare` names when two specs differ). How often and how strictly it is measured: `repeat`,
+# `max_failed_fraction`, `quality` (a measurement beside the workload), `load.workers` (how many
+# client processes send the one schedule: a sharded run hashes as the run). And the system under
+# test, which is what a user changes between BASE and NEW: where the server is
+# (`backend.url`), what the client sends besides the requests (`backend.headers`, API keys
+# among them; `backend.request_id_header`) and where its log is read (`backend.server_log`).
+NOT_THE_BENCHMARK = (
+    "repeat",
+    "max_failed_fraction",
+    "quality",
+    "load.workers",
+    "backend.url",
+    "backend.headers",
+    "backend.request_id_header",
+    "backend.server_log",
+)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     name: str = "run"
@@ -294,19 +313,11 @@ class RunSpec:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        """sha256 of the canonical JSON of the spec: same spec, same hash. `repeat` and
-        `max_failed_fraction` are left out: they say how many times the workload is measured and
-        how its failures are judged, not what is measured, so such runs compare; so is
-        `load.workers`, how many client processes send the schedule, so that a sharded run and
-        its shards hash as the run itself does. `quality` adds a measurement beside the
-        workload, not a change to it: left out too; so is `backend.server_log`, where the
-        server's own timings are read from."""
-        fields = {
-            k: v
-            for k, v in self.to_dict().items()
-            if k not in ("repeat", "max_failed_fraction", "quality")
-        }
-        fields["load"] = {k: v for k, v in fields["load"].items() if k != "workers"}
-        fields["backend"] = {k: v for k, v in fields["backend"].items() if k != "server_log"}
+        """sha256 of the canonical JSON of the spec without `NOT_THE_BENCHMARK`: two runs of
+        the same hash measured the same thing, so `compare` compares them."""
+        fields = self.to_dict()
+        for key in NOT_THE_BENCHMARK:
+            section, _, name = key.rpartition(".")
+            (fields[section] if section else fields).pop(name, None)
         text = json.dumps(fields, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

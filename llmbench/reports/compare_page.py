@@ -231,12 +231,13 @@ def section(pair: RunPair, comparison: Comparison) -> Section:
 def render(compared: Sequence[tuple[RunPair, Comparison]]) -> Page:
     """The page of a whole comparison: one section per pair (per sweep point)."""
     sections = [section(pair, comparison) for pair, comparison in compared]
-    failing = [
-        pair.point or "the run" for pair, comparison in compared if comparison.has_regression
-    ]
-    verdict = "REGRESSION" if failing else "no regression"
-    if failing and compared[0][0].point is not None:
-        verdict += f" at {', '.join(failing)}"
+    failing = [pair.point or "the run" for pair, c in compared if c.has_regression]
+    unusable = [pair.point or "the run" for pair, c in compared if c.is_unusable]
+    verdict, where = ("REGRESSION", failing) if failing else ("NO VERDICT", unusable)
+    if not where:
+        verdict = "no regression"
+    elif compared[0][0].point is not None:
+        verdict += f" at {', '.join(where)}"
     first = compared[0][1]
     return render_page(
         "compare.html.j2",

@@ -95,10 +95,12 @@ def test_single_repetitions_have_no_interval(tmp_path):
     junit = tmp_path / "compare.xml"
     result = compare(base, new, "--junit", junit)
     assert result.returncode == 1, result.stderr
+    # The rates and roofline fractions (one value per repetition); latency gates resample the
+    # requests, so they keep an interval.
     rows = [line for line in result.stdout.splitlines() if "max_decrease" in line]
     mbu_row = next(line for line in rows if line.startswith("decode_mbu max_decrease 10% "))
     assert "  1 repetition: no interval  regression" in mbu_row
-    assert " … " not in result.stdout and "95% CI -" not in result.stdout
+    assert rows and all(" … " not in row and "95% CI -" not in row for row in rows)
     assert re.search(
         r"\ndecode_mbu max_decrease 10%: decode_mbu fell \d+\.\d% \(1 repetition: no interval\), "
         r"past the 10% allowed\n",
@@ -118,6 +120,8 @@ def test_single_repetitions_have_no_interval(tmp_path):
     assert "(1 repetition: no interval)" in case.find("failure").get("message")
     assert "(1 repetition: no interval)" in case.find("system-out").text
     gates = json.loads(compare(base, new, "--format", "json").stdout)["gates"]
+    gates = [g for g in gates if g["metric"] in ("decode_mbu", "prefill_mfu", "output_tok_per_s")]
+    assert len(gates) == 3
     assert all(g["delta_ci"] == [None, None] and g["delta"] < 0 for g in gates)
     assert all(g["num_baseline_repetitions"] == 1 for g in gates)
     page = tmp_path / "diff.html"
@@ -233,12 +237,19 @@ def test_results_files_alone_have_no_latency_data(runs, tmp_path, tpot_gates):
     shutil.copy(runs["base"] / "results.json", base)
     shutil.copy(runs["slower"] / "results.json", new)
     result = compare(base, new, "--gates", tpot_gates)
-    assert result.returncode == 0
-    assert result.stderr.splitlines() == [
+    assert result.returncode == 2  # no silent pass: a gate without data is no verdict
+    notes = [
         f"note: {side} has no requests.jsonl beside {path}: its latency gates have no data"
         for side, path in (("BASE", base), ("NEW", new))
     ]
+    [error] = result.stderr.splitlines()[2:]
+    assert result.stderr.splitlines()[:2] == notes
+    assert error.startswith("error: tpot_ms.p50 max_increase 5%: no data: ")
+    assert error.endswith("leave the gate out of --gates, or pass --allow-missing")
     assert "tpot_ms.p50 was not measured by NEW" in result.stdout
+    assert result.stdout.startswith("llmbench compare: NO VERDICT (1 no data)")
+    allowed = compare(base, new, "--gates", tpot_gates, "--allow-missing")
+    assert allowed.returncode == 0 and allowed.stderr.splitlines() == notes
     assert compare(base, new).returncode == 1  # per-repetition metrics need no records
 
 
@@ -272,9 +283,17 @@ def test_a_busy_machine_makes_a_regression_inconclusive_unless_allowed(runs):
 
 def test_raw_gates_are_refused_between_devices_unless_forced(runs, tpot_gates):
     result = compare(runs["base"], runs["gpu-slower"], "--gates", tpot_gates, "--format", "json")
-    assert result.returncode == 0
-    [line] = result.stderr.splitlines()
-    assert line.startswith("refused: tpot_ms.p50 max_increase 5%: tpot_ms.p50 is a raw time")
+    assert result.returncode == 2  # a refused gate is no verdict, not a pass
+    refused, error = result.stderr.splitlines()
+    assert refused.startswith("refused: tpot_ms.p50 max_increase 5%: tpot_ms.p50 is a raw time")
+    assert error.startswith("error: tpot_ms.p50 max_increase 5%: refused: tpot_ms.p50 is a raw")
+    assert error.endswith(
+        "pass --force-devices to compare raw numbers across devices, or gate a "
+        "hardware-normalised metric"
+    )
+    assert json.loads(result.stdout)["is_unusable"] is True
+    allowed = ("--gates", tpot_gates, "--allow-missing")
+    assert compare(runs["base"], runs["gpu-slower"], *allowed).returncode == 0
     # Hardware-normalised gates travel between devices.
     assert compare(runs["base"], runs["gpu-slower"]).returncode == 1
     forced = compare(runs["base"], runs["gpu-slower"], "--gates", tpot_gates, "--force-devices")
@@ -300,7 +319,8 @@ def test_sweeps_are_compared_point_by_point(tmp_path):
         "llmbench compare point-1",
         "llmbench compare point-2",
     ]
-    assert suites.get("tests") == "6" and suites.get("failures") == str(len(failing))
+    # 6 default gates a point: 3 hardware-normalised, 3 raw (both sweeps ran on one device)
+    assert suites.get("tests") == "12" and suites.get("failures") == str(len(failing))
     data = json.loads(compare(base, new, "--format", "json").stdout)
     assert [p["point"] for p in data["points"]] == ["point-1", "point-2"]
     assert [p["has_regression"] for p in data["points"]] == [False, True]

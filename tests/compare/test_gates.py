@@ -177,6 +177,36 @@ def test_default_gates_are_hardware_normalised_and_wide():
         assert 0.10 <= gate.threshold < 0.30
 
 
+def test_default_gates_by_backend_device_and_slo():
+    def names(*args, **kwargs):
+        return [g.name for g in default_gates(*args, **kwargs)]
+
+    normalised = [
+        "decode_mbu max_decrease 10%",
+        "output_tok_per_s_per_gb_s max_decrease 10%",
+        "prefill_mfu max_decrease 15%",
+    ]
+    assert names("engine") == names("transformers") == normalised
+    assert names("engine", is_same_device=True) == [
+        *normalised,
+        "tpot_ms.p50 max_increase 10%",
+        "itl_ms.p90 max_increase 15%",
+        "output_tok_per_s max_decrease 10%",
+    ]
+    server = [
+        "ttft_ms.p50 max_increase 10%",
+        "ttft_ms.p90 max_increase 15%",
+        "tpot_ms.p50 max_increase 10%",
+        "tpot_ms.p90 max_increase 15%",
+        "itl_ms.p90 max_increase 15%",
+        "output_tok_per_s max_decrease 10%",
+        "failed_fraction max 0.01",
+    ]
+    assert names("openai") == names("openai", is_same_device=True) == server
+    assert names("openai", has_slo=True) == [*server, "goodput_request_per_s max_decrease 10%"]
+    assert metric_info("failed_fraction").is_lower_better
+
+
 def test_moe_routing_metrics_are_device_independent_and_better_when_lower():
     for name, unit in (
         ("moe_decode_experts_touched", "experts per layer"),

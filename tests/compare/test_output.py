@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 from llmbench.compare.gates import Gate
 from llmbench.compare.output import (
@@ -126,18 +127,16 @@ def test_junit_has_one_testcase_per_gate():
         suite.get("failures"),
         suite.get("errors"),
         suite.get("skipped"),
-    ) == (
-        "5",
-        "1",
-        "1",
-        "1",
-    )
+    ) == ("5", "1", "2", "0")  # no data is an error: no silent pass
     failure = cases[0].find("failure")
     assert failure.get("type") == "regression" and failure.get("message") == RESULTS[0].reason
     assert cases[1].find("failure") is None and cases[1].find("skipped") is None
     assert cases[1].find("system-out").text.startswith("within noise: ")
-    assert cases[3].find("skipped").get("type") == "no data"
+    assert cases[3].find("error").get("type") == "no data"
     assert cases[4].find("error").get("type") == "refused"
+    allowed = ET.fromstring(render_junit(replace(COMPARISON, allow_missing=True)))
+    assert allowed.find("testsuite").get("errors") == "0"
+    assert allowed.find("testsuite").get("skipped") == "2"
     properties = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert properties["new_busy"] == "true" and properties["baseline_device"] == "cpu: epyc"
 
@@ -157,9 +156,12 @@ def test_json_round_trip_without_infinities():
     assert data["gates"][4]["delta_ci"] == [-0.2, None]
 
 
-def test_no_gates_and_no_regression():
+def test_no_gates_is_no_verdict_unless_missing_verdicts_are_allowed():
     empty = Comparison((), "cpu", "cpu", False, False, 0.95, 1000, 0)
-    assert render_table(empty).splitlines()[0] == "llmbench compare: no regression (no gates)"
+    assert empty.is_unusable and not empty.has_regression
+    assert render_table(empty).splitlines()[0] == "llmbench compare: NO VERDICT (no gates)"
+    allowed = replace(empty, allow_missing=True)
+    assert render_table(allowed).splitlines()[0] == "llmbench compare: no regression (no gates)"
     root = ET.fromstring(render_junit(empty))
     assert root.find("testsuite").get("tests") == "0"
     assert json.loads(render_json(empty))["gates"] == []

@@ -256,6 +256,14 @@ def test_spec_differences_name_key_paths_and_skip_labels():
     assert spec_differences(*labels) == []
     # How failures are judged is a label too (and out of the spec hash).
     assert spec_differences({"max_failed_fraction": 0.05}, {"max_failed_fraction": 0.5}) == []
+    # The system under test is not the benchmark: its address, headers and keys may differ.
+    servers = (
+        {"backend": {"url": "http://127.0.0.1:8000/v1", "headers": {"Authorization": "a"}}},
+        {"backend": {"url": "http://127.0.0.1:8001/v1", "headers": {"Authorization": "b"}}},
+    )
+    assert spec_differences(*servers) == []
+    models = ({"backend": {"served_model": "a"}}, {"backend": {"served_model": "b"}})
+    assert spec_differences(*models) == ["backend.served_model: 'a' vs 'b'"]
 
 
 def test_server_timings_and_warnings_in_a_summary_leave_the_gates_as_they_were(base, tmp_path):

@@ -65,6 +65,23 @@ def test_spec_hash_is_stable_and_sensitive(tmp_path):
     assert load_spec(path).hash() != load_spec(path, ["seed=1"]).hash()
 
 
+def test_the_system_under_test_is_not_the_benchmark(tmp_path):
+    """A server's address, headers (API keys) and request-id header are what a user changes
+    between BASE and NEW: left out of the hash. The model it serves is not."""
+    openai = "backend:\n  kind: openai\n  url: http://127.0.0.1:8000/v1\n"
+    path = write(tmp_path, f"name: t\n{openai}")
+    base = load_spec(path).hash()
+    other_server = [
+        "backend.url=http://127.0.0.1:8001/v1",
+        "backend.headers={Authorization: Bearer sk-new}",
+        "backend.request_id_header=X-Request-Id",
+        "backend.server_log=/tmp/server.log",
+    ]
+    assert load_spec(path, other_server).hash() == base
+    assert load_spec(path, ["backend.served_model=other"]).hash() != base
+    assert load_spec(path, ["workload.sessions=3"]).hash() != base
+
+
 def test_repeat_is_at_least_1_and_not_part_of_the_hash(tmp_path):
     path = write(tmp_path, "name: t\nrepeat: 3\n")
     assert load_spec(path).repeat == 3
