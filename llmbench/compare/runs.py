@@ -145,9 +145,9 @@ def per_repetition_values(result: RunResult, where: str) -> dict[str, list[float
 
 def device_label(device: Device) -> str:
     """What ran the model, as raw numbers depend on it: "cpu: <name> (2 threads)", or the
-    server's URL."""
-    if device.type == "remote":
-        return f"remote: {device.url}"
+    server's identity ("remote: vllm 0.6.3: <model> on h100-sxm")."""
+    if device.type == "remote":  # the server's identity, not its address (older runs: the URL)
+        return f"remote: {device.name or device.url}"
     threads = f" ({device.threads} threads)" if device.threads else ""
     return f"{device.type}: {device.name or 'unknown'}{threads}"
 

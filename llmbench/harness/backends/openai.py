@@ -52,6 +52,23 @@ class ServedModel:
     id: str
     dtype: str | None = None
     quantization: str | None = None
+    owned_by: str | None = None  # the server's kind as its card says it: vllm, llmbench, ...
+
+
+def server_identity(
+    served: ServedModel | None, version: str | None, hardware: str | None
+) -> str | None:
+    """What a remote run ran on, as far as the server says: its kind and version, the served
+    model (and its dtype where said), and the hardware the user declared — "llmbench 0.1.0:
+    synthetic:tiny (bfloat16)", "vllm 0.6.3: meta-llama/Llama-3.1-8B on h100-sxm". Not its
+    address: two instances of one server are one device. None when the server said nothing."""
+    if served is None and version is None:
+        return None
+    kind = (served.owned_by if served else None) or "server"
+    text = f"{kind} {version or '(version not said)'}"
+    if served is not None:
+        text += f": {served.id}" + (f" ({served.dtype})" if served.dtype else "")
+    return text + (f" on {hardware}" if hardware else "")
 
 
 def served_model(listing: object, model: str | None) -> ServedModel | None:
@@ -67,7 +84,7 @@ def served_model(listing: object, model: str | None) -> ServedModel | None:
         value = card.get(key)
         return value if isinstance(value, str) and value else None
 
-    return ServedModel(str(card["id"]), text("dtype"), text("quantization"))
+    return ServedModel(str(card["id"]), text("dtype"), text("quantization"), text("owned_by"))
 
 
 class OpenAIBackend:
@@ -102,6 +119,7 @@ class OpenAIBackend:
         self.headers = dict(headers or {})
         self.request_id_header = request_id_header
         self.served: ServedModel | None = None  # the model's card, once `start`/`describe` read it
+        self.server_version: str | None = None  # its `GET /version`, once `start` read it
         self._session: aiohttp.ClientSession | None = None
 
     def _session_headers(self) -> dict[str, str]:
@@ -117,7 +135,9 @@ class OpenAIBackend:
             headers=self._session_headers(),
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
         )
+        self.server_version = await self._version(self._session)
         if self.model is not None:
+            await self.describe()  # the card, for the server's identity: not required
             return
         try:
             served = served_model(await self._models(self._session), None)
@@ -127,6 +147,10 @@ class OpenAIBackend:
             await self.close()
             raise BackendError(f"cannot reach {self.url}: {e}; is the server running?") from None
         self.model, self.served = served.id, served
+
+    def identity(self, hardware: str | None) -> str | None:
+        """The server as a device (`server_identity`), once `start` has asked it."""
+        return server_identity(self.served, self.server_version, hardware)
 
     async def describe(self) -> ServedModel | None:
         """What the server says of the model this backend asks for (`model`, else its first):
@@ -235,6 +259,22 @@ class OpenAIBackend:
             raise ValueError(f"request {request.request_id}: use_chat=False needs prompt_text")
         body["prompt"] = request.prompt_text
         return "/completions", body
+
+    async def _version(self, session: aiohttp.ClientSession) -> str | None:
+        """The server's `GET /version` (`{"version": "0.6.3"}` from vLLM, SGLang, llmbench serve;
+        at the root, beside /v1), or None where it has none or says nothing readable."""
+        root = self.url.removesuffix("/v1")
+        try:
+            async with session.get(
+                root + "/version", timeout=aiohttp.ClientTimeout(total=_MODELS_TIMEOUT_S)
+            ) as response:
+                if response.status >= 400:
+                    return None
+                data = await response.json(content_type=None)
+        except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):
+            return None
+        version = data.get("version") if isinstance(data, dict) else None
+        return version if isinstance(version, str) and version else None
 
     async def _models(self, session: aiohttp.ClientSession) -> object:
         """The server's `GET /models` reply, parsed; a `BackendError` saying why not."""

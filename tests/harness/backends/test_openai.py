@@ -25,6 +25,7 @@ from llmbench.harness.backends.openai import (
     OpenAIBackend,
     ServedModel,
     served_model,
+    server_identity,
 )
 from llmbench.harness.records import GenerationRequest, RequestRecord
 
@@ -481,3 +482,14 @@ def test_tools_and_tool_messages_reach_the_server_as_given(use_chat, tools):
     else:
         assert body["prompt"] == "<rendered with tools>"
         assert "tools" not in body and "messages" not in body
+
+
+def test_a_server_is_known_by_its_kind_version_model_and_hardware_not_its_address():
+    card = ServedModel("synthetic:tiny", dtype="bfloat16", owned_by="llmbench")
+    assert server_identity(card, "0.1.0", None) == "llmbench 0.1.0: synthetic:tiny (bfloat16)"
+    vllm = ServedModel("meta-llama/Llama-3.1-8B", owned_by="vllm")
+    assert server_identity(vllm, "0.6.3", "h100-sxm") == (
+        "vllm 0.6.3: meta-llama/Llama-3.1-8B on h100-sxm"
+    )
+    assert server_identity(ServedModel("m"), None, None) == "server (version not said): m"
+    assert server_identity(None, None, "h100") is None  # nothing said: the URL stands for it
