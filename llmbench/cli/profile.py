@@ -82,7 +82,10 @@ def profile(
         click.echo(f"profile: {message}", err=True)
 
     roofs = ceilings.ceilings(
-        "cpu", first=dtype, progress=lambda probe: say(f"measuring the roofs: {probe}")
+        "cpu",
+        first=dtype,
+        progress=lambda probe: say(f"measuring the roofs: {probe}"),
+        watch_load=LoadMonitor,  # roofs measured busy are not cached as the machine's
     )
     engine = engine_config(model, dtype, "cpu", EngineSpec(threads=threads))
     with LoadMonitor() as monitor:  # other processes' CPU, as a run measures it

@@ -21,13 +21,15 @@ def hardware_command(device: str, threads: int | None, refresh: bool, as_json: b
 
     import torch
 
+    from llmbench.harness.provenance import LoadMonitor
     from llmbench.roofline import ceilings
 
     if threads:
         torch.set_num_threads(threads)
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("hardware --device cuda: no CUDA device is visible")
-    roofs = ceilings.ceilings(device, refresh=refresh)
+    # Watched: roofs measured while other processes are busy are not cached as the machine's.
+    roofs = ceilings.ceilings(device, refresh=refresh, watch_load=LoadMonitor)
     if as_json:
         click.echo(json.dumps(roofs, indent=2))
         return
@@ -229,9 +231,11 @@ def _peaks(hardware_name: str, flops_dtype: str) -> tuple[float, float, str]:
     if hardware_name == "measured":
         import torch
 
+        from llmbench.harness.provenance import LoadMonitor
         from llmbench.roofline import ceilings
 
-        measured = ceilings.ceilings("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        measured = ceilings.ceilings(device, watch_load=LoadMonitor)
         peak_flops = measured["matmul_flops_per_s"].get(flops_dtype)
         if peak_flops is None:
             raise UserError(f"roofline: no measured {flops_dtype} matmul rate on this machine")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -43,9 +44,34 @@ from llmbench.engine.speculative import SpeculativeConfig
 from llmbench.engine.weights import open_weights
 from llmbench.errors import UserError
 
-_DEFAULT_CPU_KV_BYTES = 2 * 1024**3
+_DEFAULT_CPU_KV_BYTES = 2 * 1024**3  # on a CPU, with no workload to size the cache from
+# A workload's K/V cache holds its demand and this much more: room for the prefixes kept cached
+# between a session's requests (a tool loop's next turn reuses them), speculative tokens and
+# the chat template's own tokens beyond the estimate.
+KV_HEADROOM = 1.25
 # Steps kept in `LLMEngine.step_records`: minutes of decoding at ~100 steps/s, ~4 MB.
 STEP_RECORD_WINDOW = 20_000
+
+
+@dataclass(frozen=True)
+class KVCacheDemand:
+    """What a workload asks of the K/V cache at most: `num_seqs` sequences at once, each up to
+    `max_tokens` tokens, prompt and output (None: up to the model's context window)."""
+
+    num_seqs: int
+    max_tokens: int | None
+
+
+def kv_blocks_for(demand: KVCacheDemand, window: int, block_size: int) -> int:
+    """K/V blocks for a workload's `demand` on a model with a `window`-token context, with
+    `KV_HEADROOM`.
+
+    Formula: ceil(KV_HEADROOM · num_seqs · ceil(min(max_tokens, window) / block_size)).
+    The agentic main job on smollm2-135m: 4 sessions of up to 3,872 tokens, 16-token blocks:
+    ceil(1.25 · 4 · 242) = 1,210 blocks, 19,360 tokens, 446 MB in bfloat16 (not 2 GiB).
+    """
+    max_tokens = window if demand.max_tokens is None else min(demand.max_tokens, window)
+    return math.ceil(KV_HEADROOM * demand.num_seqs * blocks_for(max_tokens, block_size))
 
 
 @dataclass(frozen=True)
@@ -54,10 +80,12 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"  # auto | cpu | cuda
     block_size: int = 16
-    # KV cache size: bytes (> 1) or a fraction of free device memory (<= 1); None = default
-    # (2 GiB on CPU, 90% of what the weights leave free on a GPU), capped at what
-    # max_num_seqs full-length contexts could use.
+    # KV cache size: bytes (> 1) or a fraction of free device memory (<= 1); None = default:
+    # on a CPU what `kv_cache_demand` needs (`kv_blocks_for`), 2 GiB without one; on a GPU 90%
+    # of what the weights leave free. Capped at what max_num_seqs full-length contexts use.
     kv_cache_memory: float | None = None
+    # What the workload asks of the K/V cache (a run's `engine_config` says; None: unknown).
+    kv_cache_demand: KVCacheDemand | None = None
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
@@ -128,9 +156,10 @@ class LLMEngine:
             else None
         )
         self.load_ms = (time.perf_counter_ns() - t0) / 1e6
+        num_kv_blocks, self.kv_cache_sizing = self._num_kv_blocks()
         self.kv_cache = KVCache(
             self.model_config.num_layers,
-            self._num_kv_blocks(),
+            num_kv_blocks,
             config.block_size,
             self.model_config.num_kv_heads,
             self.model_config.head_dim,
@@ -183,33 +212,48 @@ class LLMEngine:
         self.num_prompt_tokens_admitted = 0
         self.num_cached_tokens_admitted = 0
 
-    def _num_kv_blocks(self) -> int:
+    def _num_kv_blocks(self) -> tuple[int, str]:
+        """The K/V cache's blocks, and how they were sized (for the run's output)."""
         cfg = self.config
         mc = self.model_config
         token_bytes = bytes_per_token(
             mc.num_layers, mc.num_kv_heads, mc.head_dim, cfg.kv_cache_dtype, self.dtype.itemsize
         )
         bytes_per_block = token_bytes * cfg.block_size
+        window = mc.max_position_embeddings
+        max_useful = cfg.max_num_seqs * blocks_for(window, cfg.block_size)
         budget = cfg.kv_cache_memory
+        demand = cfg.kv_cache_demand
+        if budget is None and self.device.type != "cuda" and demand is not None:
+            seq_tokens = window if demand.max_tokens is None else min(demand.max_tokens, window)
+            sizing = (
+                f"sized for the workload: {demand.num_seqs} sequences of up to {seq_tokens:,} "
+                f"tokens + {KV_HEADROOM - 1:.0%}; engine.kv_cache_memory sets it"
+            )
+            return min(kv_blocks_for(demand, window, cfg.block_size), max_useful), sizing
         if budget is None:
             if self.device.type == "cuda":
                 budget = 0.9 * torch.cuda.mem_get_info(self.device)[0]
+                sizing = "90% of free GPU memory"
             else:
                 budget = _DEFAULT_CPU_KV_BYTES
+                sizing = "the 2 GiB CPU default"
         elif budget <= 1:
             if self.device.type != "cuda":
                 raise UserError("engine: a fractional kv_cache_memory needs a GPU; give bytes")
+            sizing = f"engine.kv_cache_memory: {budget:.0%} of free GPU memory"
             budget = budget * torch.cuda.mem_get_info(self.device)[0]
-        max_useful = cfg.max_num_seqs * blocks_for(
-            self.model_config.max_position_embeddings, cfg.block_size
-        )
+        else:
+            sizing = "engine.kv_cache_memory"
         num_blocks = min(blocks_in_budget(budget, token_bytes, cfg.block_size), max_useful)
         if num_blocks < 1:
             raise UserError(
                 f"engine: kv_cache_memory {budget:.0f} bytes holds no block of "
                 f"{bytes_per_block} bytes; raise it"
             )
-        return num_blocks
+        if num_blocks == max_useful:
+            sizing += f", capped at {cfg.max_num_seqs} full {window:,}-token contexts"
+        return num_blocks, sizing
 
     # -- requests -------------------------------------------------------------------------
 

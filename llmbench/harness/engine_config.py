@@ -6,18 +6,34 @@ command-line flags (`engine_spec_of_flags` and `parse_moe_offload`, for `generat
 themselves (`quality`'s exact K/V cache, `profile`'s batch) start from this config and
 `dataclasses.replace` what they size. The engine is imported inside the functions: the harness
 loads without torch.
+
+A run's engine (`engine_config(..., run=spec)`) with no `engine.kv_cache_memory` gets a K/V cache
+sized for its workload (`kv_cache_demand`: the sequences its load keeps in flight × the longest
+context its workload can build) instead of 2 GiB whatever the run: the main job's 425 MiB.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from llmbench.errors import UserError
-from llmbench.harness.spec import EngineSpec, KVCacheDtypeSpec, MoEOffloadSpec, SpeculativeSpec
+from llmbench.harness.spec import (
+    AgenticWorkload,
+    ChatWorkload,
+    ConcurrencyLoad,
+    Dist,
+    EngineSpec,
+    KVCacheDtypeSpec,
+    MoEOffloadSpec,
+    RunSpec,
+    SpeculativeSpec,
+    WorkloadSpec,
+)
 from llmbench.roofline.datasheets import link_bandwidth
 
 if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
-    from llmbench.engine.engine import EngineConfig
+    from llmbench.engine.engine import EngineConfig, KVCacheDemand
     from llmbench.engine.kv_dtype import KVCacheDtype
     from llmbench.engine.moe_offload import MoEOffloadConfig
 
@@ -26,8 +42,11 @@ REAL_LINK = "real"  # copies over the machine's own link, timed: no simulated ba
 _MOE_OFFLOAD_KEYS = ("resident", "cache", "link", "profile", "sleep")
 
 
-def engine_config(model: str, dtype: str, device: str, engine: EngineSpec) -> EngineConfig:
-    """The engine's config for `model` in `dtype` on `device` with the `engine` settings."""
+def engine_config(
+    model: str, dtype: str, device: str, engine: EngineSpec, run: RunSpec | None = None
+) -> EngineConfig:
+    """The engine's config for `model` in `dtype` on `device` with the `engine` settings; with
+    `run`, the K/V cache is sized for its workload unless `engine.kv_cache_memory` says."""
     from llmbench.engine.engine import EngineConfig
     from llmbench.engine.speculative import SpeculativeConfig
 
@@ -39,6 +58,7 @@ def engine_config(model: str, dtype: str, device: str, engine: EngineSpec) -> En
         device=device,
         block_size=engine.block_size,
         kv_cache_memory=engine.kv_cache_memory,
+        kv_cache_demand=kv_cache_demand(run) if run and engine.kv_cache_memory is None else None,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs,
         enable_prefix_caching=engine.prefix_caching,
@@ -54,6 +74,81 @@ def engine_config(model: str, dtype: str, device: str, engine: EngineSpec) -> En
         ),
         moe_offload=None if offload is None else moe_offload_config(offload, device),
     )
+
+
+# Tokens a chat template adds per message (role markers, separators; SmolLM2's and Llama 3's
+# take 4-6) and the workloads' own labels ("Tool result:", "Document 3:"), with room to spare.
+TEMPLATE_TOKENS_PER_MESSAGE = 16
+# `tools_as: api`: each assistant message's tool call (name, JSON arguments, markup), and the
+# template's text around the tool definitions.
+TOOL_CALL_TOKENS = 48
+TOOLS_PREAMBLE_TOKENS = 128
+
+
+def dist_max(dist: Dist) -> float | None:
+    """The largest value `dist` can draw (`workloads.draw`): a uniform's max, a fixed value, an
+    empirical list's largest, a normal's or lognormal's `max` clip; None when unbounded."""
+    if dist.dist == "fixed":
+        return dist.value
+    if dist.dist == "empirical":
+        return max(dist.values)
+    return dist.max  # uniform: its max; normal, lognormal: the ceiling, when given
+
+
+def longest_context_tokens(workload: WorkloadSpec) -> int | None:
+    """The most tokens one request of `workload` can hold, prompt and output, chat template
+    included (`TEMPLATE_TOKENS_PER_MESSAGE` per message); None when a length is unbounded.
+
+    Formula, with every length at its `dist_max` and m messages:
+    chat: system + turns · (user + output) + 16 m, m = 2 turns + 1;
+    rag: system + docs_per_query · document + user + output + 16 m, m = 3 + docs_per_query;
+    agentic: system + tool schemas + user + steps · (tool result + output) + final output
+    + 16 m, m = 2 steps + 3 (and `tools_as: api` its calls and the tools' preamble).
+    """
+    system = workload.system_prompt_tokens
+    user, output = dist_max(workload.user_tokens), dist_max(workload.output_tokens)
+    if isinstance(workload, ChatWorkload):
+        turns = dist_max(workload.turns)
+        if None in (user, output, turns):
+            return None
+        turns = math.ceil(turns)
+        body = system + turns * (user + output)
+        num_messages = 2 * turns + 1
+    elif isinstance(workload, AgenticWorkload):
+        steps, result = dist_max(workload.tool_steps), dist_max(workload.tool_result_tokens)
+        final = dist_max(workload.final_output_tokens)
+        if None in (user, output, steps, result, final):
+            return None
+        steps = math.ceil(steps)
+        body = system + workload.tool_schema_tokens + user + steps * (result + output) + final
+        num_messages = 2 * steps + 3
+        if workload.tools_as == "api":
+            body += steps * TOOL_CALL_TOKENS + TOOLS_PREAMBLE_TOKENS
+    else:  # rag: documents and a question in one user message
+        document = dist_max(workload.document_tokens)
+        if None in (user, output, document):
+            return None
+        body = system + workload.docs_per_query * document + user + output
+        num_messages = 3 + workload.docs_per_query
+    return math.ceil(body) + TEMPLATE_TOKENS_PER_MESSAGE * num_messages
+
+
+def kv_cache_demand(spec: RunSpec) -> KVCacheDemand:
+    """What the run's workload asks of the engine's K/V cache: its sessions in flight at once
+    (a concurrency load's largest concurrency, else every session; never more than the
+    sessions or `engine.max_num_seqs`), each up to `longest_context_tokens` (plus the
+    speculative tokens a step verifies)."""
+    from llmbench.engine.engine import KVCacheDemand
+
+    workload, load = spec.workload, spec.load
+    in_flight = workload.sessions
+    if isinstance(load, ConcurrencyLoad):
+        in_flight = min(in_flight, math.ceil(max((load.concurrency, *(load.sweep or ())))))
+    num_seqs = max(1, min(in_flight, spec.engine.max_num_seqs))
+    max_tokens = longest_context_tokens(workload)
+    if max_tokens is not None and spec.engine.speculative.method != "none":
+        max_tokens += spec.engine.speculative.num_tokens
+    return KVCacheDemand(num_seqs, max_tokens)
 
 
 def kv_cache_dtype(value: str | KVCacheDtypeSpec) -> KVCacheDtype:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -106,77 +108,119 @@ def _busy_cpu_s() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def _self_cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _pid_cpu_s(pid: int) -> float | None:
+    """CPU seconds of process `pid` and its children (None: it is gone or cannot be read)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system + times.children_user + times.children_system
+
+
+@dataclass(frozen=True)
+class LoadReadings:
+    """Where `LoadMonitor` reads the machine; a test swaps in scripted readings, so that what
+    it computes from them is checked without depending on how busy the test machine is."""
+
+    busy_cpu_s: Callable[[], float | None] = _busy_cpu_s  # all processes, since boot
+    self_cpu_s: Callable[[], float] = _self_cpu_s  # this process and its children
+    pid_cpu_s: Callable[[int], float | None] = _pid_cpu_s  # another process (None: gone)
+    loadavg_1m: Callable[[], float] = lambda: os.getloadavg()[0]
+    clock: Callable[[], float] = time.perf_counter
+    sleep: Callable[[float], None] = time.sleep
+    cpu_count: int = os.cpu_count() or 1
+
+
+# Other processes above this many cores, on average, flag a run (or a roof) as measured busy.
+BUSY_OTHER_CORES = 0.25
+
+
+def other_cores(busy_s: float, own_s: float, wall_s: float) -> float:
+    """Cores other processes kept busy, on average, over `wall_s` seconds.
+
+    Formula: max(0, busy_s − own_s) / wall_s, with busy_s the CPU seconds all processes spent
+    busy in that time (/proc/stat) and own_s those of this process, its children and the
+    `own_pids` (a server under test), rounded to 0.01.
+    """
+    return round(max(0.0, busy_s - own_s) / wall_s, 2)
+
+
 class LoadMonitor:
     """How busy the machine was around a run: load average, and CPU used by *other* processes.
 
     On 2 cores a compile on the other core halves every number, so a run is flagged busy when
-    other processes kept more than a quarter of a core busy, on average, in the second before it
-    started or during it (all busy CPU time minus this process's own and that of `own_pids`: a
-    server under test on this machine is the run's work, not noise). The 1-minute load average
-    is kept too, but it lags: it stays high for a minute after the previous run ended.
+    other processes kept more than `BUSY_OTHER_CORES` of a core busy, on average, in the second
+    before it started or during it (`other_cores`: all busy CPU time minus this process's own
+    and that of `own_pids`: a server under test on this machine is the run's work, not noise).
+    The 1-minute load average is kept too, but it lags: it stays high for a minute after the
+    previous run ended. `readings` are the machine's (`LoadReadings`); a test passes its own.
     """
 
-    def __init__(self, interval_s: float = 1.0, probe_s: float = 0.5, own_pids: tuple = ()):
+    def __init__(
+        self,
+        interval_s: float = 1.0,
+        probe_s: float = 0.5,
+        own_pids: tuple = (),
+        readings: LoadReadings | None = None,
+    ):
         self.own_pids = tuple(own_pids)
-        self.before = os.getloadavg()[0]
+        self.readings = read = readings or LoadReadings()
+        self.before = read.loadavg_1m()
         self.samples: list[float] = []
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._other_cpu_s: float | None = None
-        self._wall_s = 0.0
-        busy0, own0, t0 = _busy_cpu_s(), self._own_cpu_s(), time.perf_counter()
-        time.sleep(probe_s)
-        busy1 = _busy_cpu_s()
+        self._other_cores: float | None = None
+        busy0, own0, t0 = read.busy_cpu_s(), self._own_cpu_s(), read.clock()
+        read.sleep(probe_s)
+        busy1, own1, t1 = read.busy_cpu_s(), self._own_cpu_s(), read.clock()
         self._other_before: float | None = None
-        if busy0 is not None and busy1 is not None:
-            other = max(0.0, (busy1 - busy0) - (self._own_cpu_s() - own0))
-            self._other_before = round(other / (time.perf_counter() - t0), 2)
+        if busy0 is not None and busy1 is not None and t1 > t0:
+            self._other_before = other_cores(busy1 - busy0, own1 - own0, t1 - t0)
 
     def __enter__(self) -> LoadMonitor:
-        self._t0 = time.perf_counter()
-        self._busy0, self._own0 = _busy_cpu_s(), self._own_cpu_s()
+        read = self.readings
+        self._t0, self._busy0, self._own0 = read.clock(), read.busy_cpu_s(), self._own_cpu_s()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._wall_s = time.perf_counter() - self._t0
-        busy1 = _busy_cpu_s()
-        if busy1 is not None and self._busy0 is not None:
-            self._other_cpu_s = max(0.0, (busy1 - self._busy0) - (self._own_cpu_s() - self._own0))
+        read = self.readings
+        busy1, own1, wall_s = read.busy_cpu_s(), self._own_cpu_s(), read.clock() - self._t0
+        if busy1 is not None and self._busy0 is not None and wall_s > 0:
+            self._other_cores = other_cores(busy1 - self._busy0, own1 - self._own0, wall_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            self.samples.append(os.getloadavg()[0])
+            self.samples.append(self.readings.loadavg_1m())
 
     def load(self) -> MachineLoad:
         """The load so far (inside the `with`, `other_processes_cores` is None: not over yet)."""
-        other = None
-        if self._other_cpu_s is not None and self._wall_s > 0:
-            other = round(self._other_cpu_s / self._wall_s, 2)
+        other = self._other_cores
         return MachineLoad(
-            cpu_count=os.cpu_count() or 1,
+            cpu_count=self.readings.cpu_count,
             loadavg_1m_before=round(self.before, 2),
             loadavg_1m_max_during=round(max(self.samples, default=self.before), 2),
             other_processes_cores_before=self._other_before,
             other_processes_cores=other,  # mean cores busy with other work during the run
-            is_busy=any(v is not None and v > 0.25 for v in (self._other_before, other)),
+            is_busy=any(
+                v is not None and v > BUSY_OTHER_CORES for v in (self._other_before, other)
+            ),
             own_pids=self.own_pids,  # besides llmbench: a local server under test
         )
 
     def _own_cpu_s(self) -> float:
         """CPU seconds of this process, its children and `own_pids` (gone ones count 0)."""
-        t = os.times()
-        total = t.user + t.system + t.children_user + t.children_system
-        for pid in self.own_pids:
-            try:
-                times = psutil.Process(pid).cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system + times.children_user + times.children_system
-        return total
+        read = self.readings
+        return read.self_cpu_s() + sum(read.pid_cpu_s(pid) or 0.0 for pid in self.own_pids)
 
 
 def local_server_pids(url: str) -> list[int]:

@@ -1,6 +1,10 @@
 """The roofs a run is measured against, settled before its workload: this device's ceilings
-measured (or read from the cache) within a time budget and with a progress line, the datasheet's
-where the device has one, where each number came from, and how each engine step is costed.
+measured (or read from the cache) within a time budget, with a progress line and the machine's
+load watched around the measurement (`provenance.LoadMonitor`: roofs measured busy are not
+cached as the machine's), the datasheet's where the device has one, where each number came from,
+and how each engine step is costed. The run says in one line which roofs it uses, how old and
+how settled they are, and whether the machine was quiet (`roofs_line`), and how big the
+engine's K/V cache is and why (`kv_cache_line`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from llmbench.errors import UserError
+from llmbench.harness.provenance import LoadMonitor
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import HardwareCeilings, Roofline, Roofs, from_plain
 from llmbench.harness.run_warnings import assumed_weights_line
@@ -61,25 +66,97 @@ def measured_roofs(spec: RunSpec, backend) -> HardwareCeilings | None:
     budget_s = _roofs_budget_s(ceilings.DEFAULT_BUDGET_S)
     show = _RoofsProgress(device_type, budget_s)
     t0 = time.perf_counter()
-    roofs = from_plain(
-        HardwareCeilings,
-        ceilings.ceilings(device_type, budget_s=budget_s, first=dtype, progress=show),
-        "hardware roofs",
+    plain = ceilings.ceilings(
+        device_type, budget_s=budget_s, first=dtype, progress=show, watch_load=LoadMonitor
     )
-    took = f" in {time.perf_counter() - t0:.1f} s" if show.is_measuring else ""
-    flops = roofs.matmul_flops_per_s.get(dtype)
-    rate = f"{flops / 1e9:.0f} GFLOP/s" if flops else "not measured"
+    loads = plain.pop("probe_loads", {})
+    roofs = from_plain(HardwareCeilings, plain, "hardware roofs")
+    took_s = time.perf_counter() - t0  # said when any of them was measured now
     back = "\r" if show.is_measuring and show.is_tty else ""  # over the probe line
-    print(
-        f"{back}hardware roofs{took}: read "
-        f"{roofs.read_bytes_per_s / 1e9:.1f} GB/s, matmul {dtype} {rate} "
-        f"({roofs.sources.get('read', '?')})",
-        file=sys.stderr,
-        flush=True,
-    )
+    line = roofs_line(roofs, loads, dtype, time.time(), took_s)
+    print(f"{back}{line}", file=sys.stderr, flush=True)
     for note in roofs.notes:
-        print(f"  {note}", file=sys.stderr)
+        if not note.startswith(ceilings.BUSY_NOTE_START):  # the roofs line says it
+            print(f"  {note}", file=sys.stderr)
     return roofs
+
+
+def roofs_line(
+    roofs: HardwareCeilings,
+    loads: dict[str, Any],
+    dtype: str,
+    now_unix_s: float,
+    took_s: float | None = None,
+) -> str:
+    """The run's roofs in one line: the read roof and the `dtype` matmul, each with the spread
+    of its runs (± the slowest run's shortfall, `unsettled` when its best runs never agreed),
+    where they came from (measured now, in `took_s`; or cached, with the date and age of the
+    older), and how busy the machine was when they were measured (`loads`, the probes'
+    `ceilings` load readings: a probe without one is taken as quiet, None is unknown).
+
+    `roofs: cached 2026-11-26 14:02 (3 h old), read 9.5 GB/s ±2%, bfloat16 57.0 GFLOP/s ±5%;
+    measured on a quiet machine`
+    """
+    from llmbench.roofline.ceilings import date_text
+
+    used = [name for name in ("read", dtype) if name in roofs.probes]
+    cached = {name for name in used if roofs.sources.get(name) != "measured now"}
+    parts = []
+    for name, unit in (("read", "GB/s"), (dtype, "GFLOP/s")):
+        probe = roofs.probes.get(name)
+        if probe is None or probe.best_per_s is None:
+            parts.append(f"{name} not measured")
+            continue
+        spread = "" if probe.spread is None else f" ±{probe.spread:.0%}"
+        unsettled = " unsettled" if probe.converged is False else ""
+        when = ""
+        if cached and len(cached) < len(used):  # some measured now, some cached: each says
+            when = " (measured now)" if name not in cached else ""
+            when = when or f" (cached {date_text(probe.measured_unix_s)})"
+        parts.append(f"{name} {probe.best_per_s / 1e9:.1f} {unit}{spread}{unsettled}{when}")
+    if not cached:
+        origin = "measured now" + (f" in {took_s:.1f} s" if took_s is not None else "")
+    elif len(cached) == len(used):
+        oldest = min(roofs.probes[name].measured_unix_s for name in used)
+        origin = f"cached {date_text(oldest)} ({_age(now_unix_s - oldest)} old)"
+    else:
+        origin = "measured now and cached"
+    load_words = _load_words([loads.get(name, {}) for name in used])
+    return f"roofs: {origin}, {', '.join(parts)}; {load_words}"
+
+
+def _load_words(loads: list[dict[str, Any] | None]) -> str:
+    """How busy the machine was when the roofs were measured, in words."""
+    from llmbench.roofline.ceilings import BUSY_NOTE_START, busy_cores_text
+
+    busy = [load for load in loads if load and load["is_busy"]]
+    if busy:
+        return (
+            f"{BUSY_NOTE_START} ({busy_cores_text(busy)}): cached marked busy, not as this "
+            "machine's; the next run on a quiet machine measures them again"
+        )
+    if any(load is None for load in loads):
+        return "the machine's load was not watched when they were measured"
+    return "measured on a quiet machine"
+
+
+def _age(seconds: float) -> str:
+    """3 h, 12 min, 5 days: how long ago, in its largest whole unit (< 1 min: seconds)."""
+    for unit_s, unit in ((86400, "days"), (3600, "h"), (60, "min")):
+        if seconds >= unit_s:
+            count = int(seconds // unit_s)
+            return f"{count} {'day' if unit == 'days' and count == 1 else unit}"
+    return f"{max(0, int(seconds))} s"
+
+
+def kv_cache_line(engine) -> str:
+    """The engine's K/V cache in one line: its size, the tokens it holds and how it was sized
+    (`LLMEngine.kv_cache_sizing`)."""
+    kv = engine.kv_cache
+    return (
+        f"K/V cache: {kv.num_bytes / 2**20:,.0f} MiB, {kv.num_tokens:,} tokens "
+        f"({engine.kv_cache_sizing})"
+    )
 
 
 def _roofs_budget_s(default_s: float) -> float:
@@ -123,6 +200,7 @@ def roofline_setup(
         kv_elem_bytes = engine.kv_cache.bytes_per_elem  # its K/V formats, scales included
 
         draft = draft_model_of(engine)  # speculative decoding's draft model, if any
+        print(kv_cache_line(engine), file=sys.stderr, flush=True)
 
         def cost_step(step: Any) -> dict[str, Any]:
             return analysis.cost_steps(

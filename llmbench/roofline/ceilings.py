@@ -6,13 +6,18 @@ several ways, repeated until it stops moving, so that a user can tell a roof fro
 
 Memory bandwidth: STREAM's kernels in torch — a read-only sum (bytes read), a copy (read +
 write) and a triad a = b + s·c (two reads, one write), counted as STREAM counts them (no
-write-allocate traffic) — each with all of the engine's threads and with one, over buffers at
-least `LLC_MULTIPLE`× the last-level cache (`buffer_bytes`; 256 MiB at least, and when the cache
-size is unknown; 1 GiB on a GPU), so no run is served from cache. The runs go in rounds, each on
-freshly allocated buffers (one allocation may land on huge pages and the next not: the same code
-measured 42 or 72 GB/s read here depending on which it got), until the best `AGREE_RUNS` runs of
-every probe agree within `AGREE_TOLERANCE` (`has_converged`) or the bandwidth's share of the
-budget ends. Every probe keeps its best and median rate and the spread of its runs
+write-allocate traffic) — each with all of the engine's threads and with one, over buffers of
+`LLC_MULTIPLE`× the last-level cache (`buffer_bytes`). A reported cache above `MAX_LLC_BYTES` is
+not believed (a VM reports its host's: 300 MiB here, which asked for 2.4 GiB buffers, a 7.6 GB
+peak), and a round's buffers together take at most `MAX_PROBE_BYTES` and half of available memory
+(1 GiB each on a GPU): out of cache, and the probes stay under 1 GB of RSS. The runs go in rounds,
+each on freshly allocated buffers (one allocation may land on huge pages and the next not: the
+same code measured 42 or 72 GB/s read here depending on which it got), until the best
+`AGREE_RUNS` runs of every probe agree within `AGREE_TOLERANCE` (`has_converged`) or the
+bandwidth's share of the budget ends. The deadline is checked before every timed run
+(`timed_runs`): on a loaded machine, where one run takes many times its usual time, the budget
+is overrun by one run at most (`read` and `copy` get one run whatever the time: a run needs
+both). Every probe keeps its best and median rate and the spread of its runs
 (`run_stats`). The roof MBU divides by is the best read-only sum at all threads (probe `read`;
 `sources["read_bytes_per_s"]` says so): decode streams weights, it reads. The other probes show
 whether that number is plausible: copy and triad near it, one thread below it.
@@ -29,10 +34,22 @@ Every roof is a best run (as STREAM reports the best of N): a roof is what the h
 A probe whose best runs never agreed says so in a note (a busy machine, or one whose bandwidth
 moves: this project's 2-core VMs measured 7 to 19 GB/s read from one sitting to the next).
 A dtype the budget has no time left for is skipped with a note and measured by a later call.
-Results are cached per device, thread count and torch version, each probe with its date;
-`ceilings` measures only what the cache lacks, and says where each number came from; `llmbench
-hardware --refresh` measures everything again. A cache entry written before these probes
-existed (no `format` `CACHE_FORMAT`) is measured again.
+Results are cached per device, thread count and torch version, each probe with its date and the
+machine's load around it; `ceilings` measures only what the cache lacks, and says where each
+number came from; `llmbench hardware --refresh` measures everything again. A cache entry written
+before these probes existed (no `format` `CACHE_FORMAT`) is measured again.
+
+Roofs measured on a busy machine are wrong by large factors (two refreshes minutes apart here:
+read 13.1 vs 6.9 GB/s, bfloat16 2,207 vs 303 GFLOP/s), and a cached one poisoned every later MBU.
+So the caller passes `watch_load` (`provenance.LoadMonitor`: other processes' CPU in the second
+before and during the measurement) and each probe is cached with that reading (`probe_loads`):
+a probe measured busy is cached *marked busy*, never as the machine's. A later call that watches
+measures it again when the machine is quiet then (it uses the busy one, said so, when the
+machine is still busy: re-measuring on a busy machine only costs the budget again; so does a
+call that does not watch, which cannot tell); a busy measurement never replaces a quiet one in
+the cache (`--refresh` on a busy machine shows what it measured and keeps the quiet roofs). A
+probe measured without `watch_load` (load unknown) is measured again the same way; a probe with
+no load record at all (hand-written) is taken as quiet.
 """
 
 from __future__ import annotations
@@ -47,10 +64,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 DEFAULT_BUDGET_S = 60.0  # all the probes of one measurement
-BANDWIDTH_BUDGET_S = 20.0  # the bandwidth probes' share of it, at most (one round always runs)
+BANDWIDTH_BUDGET_S = 20.0  # the bandwidth probes' share of it, at most
 PROBE_CAP_S = 10.0  # one matmul probe at most
 MAX_RUN_S = 0.75  # a matmul stops growing before one run would take longer than this
 MAX_REPEATS = 10  # timed runs per matmul probe at most
@@ -59,18 +76,38 @@ AGREE_TOLERANCE = 0.03  # ... are within this fraction of each other
 BANDWIDTH_RUNS = 3  # timed runs per bandwidth probe in one round (one set of fresh buffers)
 BANDWIDTH_MIN_ROUNDS = 2  # fresh allocations every bandwidth probe gets, time allowing
 BANDWIDTH_MAX_ROUNDS = 8
-LLC_MULTIPLE = 8  # bandwidth buffers are at least this many times the last-level cache
-MIN_BUFFER_BYTES = 256 << 20  # and at least this (also when the cache size is unknown)
-GPU_BUFFER_BYTES = 1 << 30
-# The buffers of one round (three for the triad) take at most this share of available memory.
+LLC_MULTIPLE = 4  # a bandwidth buffer this many times the last-level cache is out of it
+# A reported last-level cache above this is not believed: a VM reports its host's (300 MiB on
+# this project's 2-core VMs), not its share; the L3 of a 2-24 core slice is 4-48 MiB.
+MAX_LLC_BYTES = 48 << 20
+MIN_BUFFER_BYTES = 128 << 20  # a buffer is at least this (4x a 32 MiB L3)
+# The buffers of one round together (three for the triad) take at most this, and at most
+# MAX_MEMORY_SHARE of available memory: with torch's ~220 MiB the probes stay under 1 GB RSS,
+# and a run's (its engine loaded: the main job's ~1.2 GB) under 2 GB.
+MAX_PROBE_BYTES = 576 << 20
 MAX_MEMORY_SHARE = 0.5
-CACHE_FORMAT = 2  # cache entries of another format are measured again
+GPU_BUFFER_BYTES = 1 << 30  # device memory, not RSS
+CACHE_FORMAT = 3  # cache entries of another format are measured again (2: no load recorded)
 MATMUL_DTYPES = ("float32", "bfloat16", "float16", "int8")
 # A dtype measured small and this many times slower than the fastest dtype measured before it
 # in the same call is said to have no fast path on the device.
 _SLOW_FACTOR = 10
 
 Progress = Callable[[str], None]
+Clock = Callable[[], float]  # seconds, monotonic (time.perf_counter); a test's scripted clock
+
+
+class LoadWatch(Protocol):
+    """How busy the machine is around a measurement (`provenance.LoadMonitor`): entered around
+    it; `load()` inside says the second before, after it also the time during (a
+    `results.MachineLoad`: `is_busy`, `other_processes_cores_before`, `other_processes_cores`,
+    `cpu_count`)."""
+
+    def __enter__(self) -> LoadWatch: ...
+
+    def __exit__(self, *exc: object) -> object: ...
+
+    def load(self) -> Any: ...
 
 
 def _cache_path(key: str) -> Path:
@@ -133,10 +170,10 @@ def rounds_until_agreed(
     max_rounds: int = BANDWIDTH_MAX_ROUNDS,
 ) -> dict[str, list[float]]:
     """Each named probe's run times over rounds: `time_round(pending)` times every pending probe
-    a few runs (on fresh buffers) → name → seconds. Every probe runs in the first `min_rounds`
-    rounds, later only the probes not yet converged; rounds stop when all have converged (after
-    `min_rounds`), after `max_rounds`, or when `is_out_of_time()` after a round (the first round
-    always runs whole)."""
+    a few runs (on fresh buffers; within a round `timed_runs` stops a probe at the deadline) →
+    name → seconds. Every probe runs in the first `min_rounds` rounds, later only the probes not
+    yet converged; rounds stop when all have converged (after `min_rounds`), after
+    `max_rounds`, or when `is_out_of_time()` after a round."""
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_number in range(1, max_rounds + 1):
         pending = [
@@ -149,6 +186,28 @@ def rounds_until_agreed(
         if is_out_of_time():
             break
     return times
+
+
+def timed_runs(
+    time_run: Callable[[], float],
+    num_runs: int,
+    is_out_of_time: Callable[[], bool],
+    min_runs: int = 0,
+    warm_up: Callable[[], object] | None = None,
+) -> list[float]:
+    """Up to `num_runs` runs of `time_run` (one timed run → its seconds), each started only while
+    `is_out_of_time()` is False, the first `min_runs` whatever the time; `warm_up` runs once
+    before the first of them (not when none runs). Checked before every run, not per probe: on a
+    loaded machine one run may take many times its usual time, so the budget is overrun by one
+    run at most."""
+    seconds: list[float] = []
+    for _ in range(num_runs):
+        if len(seconds) >= min_runs and is_out_of_time():
+            break
+        if warm_up is not None and not seconds:
+            warm_up()
+        seconds.append(time_run())
+    return seconds
 
 
 def exceeds_ceiling_line(
@@ -219,10 +278,16 @@ def mem_available_bytes() -> int | None:
 def buffer_bytes(llc: int | None, available: int | None) -> tuple[int, str | None]:
     """The size of each bandwidth buffer, and a note when memory made it smaller than asked.
 
-    Formula: max(LLC_MULTIPLE · llc, MIN_BUFFER_BYTES) (llc unknown: MIN_BUFFER_BYTES), at most
-    MAX_MEMORY_SHARE · available / 3 (the triad's three buffers), in whole MiB.
+    Formula: with the triad's three buffers sharing cap = min(MAX_PROBE_BYTES,
+    MAX_MEMORY_SHARE · available) (available unknown: MAX_PROBE_BYTES),
+    min(max(LLC_MULTIPLE · min(llc, MAX_LLC_BYTES), MIN_BUFFER_BYTES), cap / 3) in whole MiB
+    (llc unknown: cap / 3). A reported LLC of 300 MiB is believed as 48 MiB: 192 MiB buffers,
+    576 MiB for the triad's three, not 3 · 8 · 300 MiB = 7 GiB.
     """
-    wanted = max(LLC_MULTIPLE * (llc or 0), MIN_BUFFER_BYTES)
+    per_probe = MAX_PROBE_BYTES // 3 >> 20 << 20
+    wanted = per_probe
+    if llc is not None:
+        wanted = min(max(LLC_MULTIPLE * min(llc, MAX_LLC_BYTES), MIN_BUFFER_BYTES), per_probe)
     if available is None or 3 * wanted <= MAX_MEMORY_SHARE * available:
         return wanted, None
     capped = int(MAX_MEMORY_SHARE * available / 3) >> 20 << 20
@@ -235,11 +300,11 @@ def buffer_bytes(llc: int | None, available: int | None) -> tuple[int, str | Non
 # --- measuring -------------------------------------------------------------------------------
 
 
-def _timed_once(fn: Callable[[], object], sync: Callable[[], None]) -> float:
-    t0 = time.perf_counter_ns()
+def _timed_once(fn: Callable[[], object], sync: Callable[[], None], clock: Clock) -> float:
+    t0 = clock()
     fn()
     sync()
-    return (time.perf_counter_ns() - t0) / 1e9
+    return clock() - t0
 
 
 @dataclass(frozen=True)
@@ -270,6 +335,19 @@ def _kernel_run(name: str, buffers: list[Any]) -> Callable[[], object]:
     return lambda: torch.add(b, c, alpha=3.0, out=a)
 
 
+def _new_buffer(num_bytes: int, device: Any) -> Any:
+    """A bandwidth buffer of `num_bytes`, every page touched (float32 ones)."""
+    import torch
+
+    return torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+
+
+# How a bandwidth probe runs: kernel name → (buffers) → one run, and how a buffer is made.
+# Module attributes so a test can put in runs that take a scripted time and no memory.
+KERNEL_RUN: Callable[[str, list[Any]], Callable[[], object]] = _kernel_run
+NEW_BUFFER: Callable[[int, Any], Any] = _new_buffer
+
+
 def probe_name(kernel: str, threads: int, all_threads: int) -> str:
     """`read` at all threads, `read_1thread` at one (when all is more than one)."""
     return kernel if threads == all_threads else f"{kernel}_{threads}thread"
@@ -293,31 +371,32 @@ def size_by_time(
     n_min: int,
     n_max: int,
     cap_s: float,
+    clock: Clock = time.perf_counter,
 ) -> tuple[int, list[float]]:
     """An n×n matmul probe sized by time: (n, seconds of each timed run at that n).
 
-    From `n_min`, each size runs once as a warm-up and twice timed; it doubles while the doubled
-    size is at most `n_max`, one run of it would take at most MAX_RUN_S (8× the faster run:
-    n³ work) and its three runs fit in `cap_s`. A dtype with a fast path reaches `n_max`; one
-    without stops where a run gets slow. Then `repeat_until_agreed` times it within `cap_s`.
+    From `n_min`, each size runs once as a warm-up and twice timed (the second only while
+    `cap_s` is not spent); it doubles while the doubled size is at most `n_max`, one run of it
+    would take at most MAX_RUN_S (8× the faster run: n³ work) and its three runs fit in
+    `cap_s`. A dtype with a fast path reaches `n_max`; one without stops where a run gets slow.
+    Then `repeat_until_agreed` times it within `cap_s`.
     """
-    start = time.perf_counter()
+    start = clock()
+
+    def is_out_of_time(next_s: float = 0.0) -> bool:
+        return clock() - start + next_s > cap_s
+
     n = n_min
     while True:
         fn = make(n)
         fn()  # warm-up: first-call costs (page faults, kernel selection) stay out of the time
         sync()
-        times = [_timed_once(fn, sync), _timed_once(fn, sync)]
+        times = timed_runs(lambda f=fn: _timed_once(f, sync, clock), 2, is_out_of_time, 1)
         next_s = 8 * min(times)
-        spent = time.perf_counter() - start
-        if 2 * n > n_max or next_s > MAX_RUN_S or spent + 3 * next_s > cap_s:
+        if 2 * n > n_max or next_s > MAX_RUN_S or is_out_of_time(3 * next_s):
             break
         n *= 2
-    return n, repeat_until_agreed(
-        lambda: _timed_once(fn, sync),
-        times,
-        lambda next_s: time.perf_counter() - start + next_s > cap_s,
-    )
+    return n, repeat_until_agreed(lambda: _timed_once(fn, sync, clock), times, is_out_of_time)
 
 
 def _matmul(dtype: str, n: int, device: Any) -> Callable[[], object]:
@@ -363,15 +442,19 @@ def _probe(
     }
 
 
+# A run needs these two (`read_bytes_per_s`, `copy_bytes_per_s`): their first round gives each
+# one timed run whatever the time.
+_REQUIRED_PROBES = ("read", "copy")
+
+
 def _measure_bandwidth(
-    out: dict[str, Any], device: Any, sync: Callable[[], None], deadline: float
+    out: dict[str, Any], device: Any, sync: Callable[[], None], deadline: float, clock: Clock
 ) -> None:
     """The bandwidth probes into `out` (`probes`, `read_bytes_per_s`, `copy_bytes_per_s`)."""
-    import torch
-
     is_gpu = device.type == "cuda"
+    llc = None if is_gpu else llc_bytes()
     size, size_note = (
-        (GPU_BUFFER_BYTES, None) if is_gpu else buffer_bytes(llc_bytes(), mem_available_bytes())
+        (GPU_BUFFER_BYTES, None) if is_gpu else buffer_bytes(llc, mem_available_bytes())
     )
     all_threads = out["threads"]
     thread_counts = [all_threads] if is_gpu or all_threads == 1 else [all_threads, 1]
@@ -380,38 +463,55 @@ def _measure_bandwidth(
         for threads in thread_counts
         for kernel in BANDWIDTH_KERNELS
     }
-    end = min(deadline, time.perf_counter() + BANDWIDTH_BUDGET_S)
+    end = min(deadline, clock() + BANDWIDTH_BUDGET_S)
+
+    def is_out_of_time() -> bool:
+        return clock() >= end
+
+    timed: dict[str, int] = dict.fromkeys(probes, 0)  # timed runs so far, over the rounds
 
     def time_round(pending: list[str]) -> dict[str, list[float]]:
-        num_buffers = max(probes[name][0].num_buffers for name in pending)
-        buffers = [
-            torch.ones(size // 4, dtype=torch.float32, device=device) for _ in range(num_buffers)
-        ]
+        buffers: list[Any] = []  # made as the probes need them: a round cut short makes fewer
         seconds = {}
         for name in pending:
             kernel, threads = probes[name]
+            is_required = name in _REQUIRED_PROBES and not timed[name]
+            while len(buffers) < kernel.num_buffers and (is_required or not is_out_of_time()):
+                buffers.append(NEW_BUFFER(size, device))
+            if len(buffers) < kernel.num_buffers:
+                seconds[name] = []
+                continue
             with _num_threads(threads):
-                run = _kernel_run(kernel.name, buffers)
-                run()  # warm-up: page faults and thread start-up stay out of the time
-                sync()
-                seconds[name] = [_timed_once(run, sync) for _ in range(BANDWIDTH_RUNS)]
+                run = KERNEL_RUN(kernel.name, buffers)
+                # The warm-up keeps page faults and thread start-up out of the time.
+                seconds[name] = timed_runs(
+                    lambda r=run: _timed_once(r, sync, clock),
+                    BANDWIDTH_RUNS,
+                    is_out_of_time,
+                    min_runs=1 if is_required else 0,
+                    warm_up=lambda r=run: (r(), sync()),
+                )
+            timed[name] += len(seconds[name])
         del buffers
         return seconds
 
-    times = rounds_until_agreed(list(probes), time_round, lambda: time.perf_counter() >= end)
+    times = rounds_until_agreed(list(probes), time_round, is_out_of_time)
     for name, seconds in times.items():
         kernel, threads = probes[name]
-        out["probes"][name] = _probe(
-            size, seconds, kernel.moved * size, "B/s", threads, kernel.label
-        )
+        if seconds:
+            out["probes"][name] = _probe(
+                size, seconds, kernel.moved * size, "B/s", threads, kernel.label
+            )
     out["read_bytes_per_s"] = out["probes"]["read"]["best_per_s"]
     out["copy_bytes_per_s"] = out["probes"]["copy"]["best_per_s"]
     if size_note:
         out["probes"]["read"]["note"] = size_note
+    out["skipped"] += [name for name, seconds in times.items() if not seconds]
+    believed = "" if llc is None or llc <= MAX_LLC_BYTES else f", {_mib(MAX_LLC_BYTES)} believed"
     out["method"] += (
         f"; bandwidth: {', '.join(k.label for k in BANDWIDTH_KERNELS)} at "
         f"{' and '.join(str(t) for t in thread_counts)} threads over {size >> 20} MiB buffers "
-        f"(last-level cache {_mib(llc_bytes()) if not is_gpu else '-'}), "
+        f"(last-level cache {_mib(llc) if not is_gpu else '-'}{believed}), "
         f"{BANDWIDTH_RUNS} runs per round on fresh buffers, {BANDWIDTH_MIN_ROUNDS} to "
         f"{BANDWIDTH_MAX_ROUNDS} rounds within {BANDWIDTH_BUDGET_S:g} s"
     )
@@ -427,20 +527,23 @@ def measure(
     dtypes: Iterable[str] = MATMUL_DTYPES,
     with_bandwidth: bool = True,
     progress: Progress | None = None,
+    clock: Clock = time.perf_counter,
 ) -> dict[str, Any]:
     """Measure the roofs of `device_name` ("cpu" or "cuda") with torch's current threads:
     bandwidth (unless `with_bandwidth` is False) and the matmuls of `dtypes`, in that order,
-    within `budget_s` seconds (one probe may end past it by up to one of its runs; the first
-    round of bandwidth probes always runs).
+    within `budget_s` seconds of `clock`, checked before every timed run: the call ends past it
+    by one run and its warm-up at most, besides the one run each of `read` and `copy` that a
+    run needs whatever the time.
 
-    Returns the fields of `results.HardwareCeilings` but `sources`, plus `skipped` (dtypes
-    the budget left out) and `unsupported` (dtypes torch has no matmul for here).
+    Returns the fields of `results.HardwareCeilings` but `sources`, plus `skipped` (dtypes and
+    bandwidth probes the budget left out) and `unsupported` (dtypes torch has no matmul for
+    here).
     """
     import torch
 
     from llmbench.kernels.cpu_info import cpu_name
 
-    deadline = time.perf_counter() + budget_s
+    deadline = clock() + budget_s
     device = torch.device(device_name)
     is_gpu = device.type == "cuda"
     sync = torch.cuda.synchronize if is_gpu else (lambda: None)
@@ -463,9 +566,9 @@ def measure(
     }
     if with_bandwidth:
         say("memory bandwidth")
-        _measure_bandwidth(out, device, sync, deadline)
+        _measure_bandwidth(out, device, sync, deadline, clock)
     for dtype in dtypes:
-        left_s = deadline - time.perf_counter()
+        left_s = deadline - clock()
         if left_s <= 0:
             out["skipped"].append(dtype)
             continue
@@ -478,6 +581,7 @@ def measure(
                 n_min,
                 n_max,
                 min(PROBE_CAP_S, left_s),
+                clock,
             )
         except (RuntimeError, AttributeError, NotImplementedError):
             out["unsupported"].append(dtype)
@@ -503,16 +607,20 @@ def measure(
 
 
 def _notes(roofs: dict[str, Any]) -> list[str]:
-    """What to tell about a measurement: probes measured small or never agreeing, a read roof
-    below one thread's (by more than the agreement tolerance), dtypes skipped or not
-    available."""
+    """What to tell about a measurement: probes measured on a busy machine, measured small or
+    never agreeing, a read roof below one thread's (by more than the agreement tolerance),
+    dtypes skipped or not available."""
     probes = roofs["probes"]
+    loads = roofs.get("probe_loads", {})
+    busy = [name for name in probes if (loads.get(name) or {}).get("is_busy")]
     unsettled = [
         f"{name} spread {probe['spread']:.0%}"
         for name, probe in probes.items()
         if probe.get("converged") is False
     ]
     notes = [probe["note"] for probe in probes.values() if probe.get("note")]
+    if busy:
+        notes.insert(0, busy_note(busy, [loads[name] for name in busy]))
     if unsettled:
         notes.append(
             f"not settled (their best {AGREE_RUNS} runs were not within {AGREE_TOLERANCE:.0%} "
@@ -530,11 +638,34 @@ def _notes(roofs: dict[str, Any]) -> list[str]:
     return [
         *notes,
         *(
-            f"matmul {dtype}: not measured, the time budget was spent (a later run measures it)"
-            for dtype in roofs["skipped"]
+            f"matmul {name}: not measured, the time budget was spent (a later run measures it)"
+            if name in MATMUL_DTYPES
+            else f"bandwidth {name}: not measured, the time budget was spent"
+            for name in roofs["skipped"]
         ),
         *(f"matmul {dtype}: torch has none on this device" for dtype in roofs["unsupported"]),
     ]
+
+
+BUSY_NOTE_START = "measured on a busy machine"
+
+
+def busy_cores_text(loads: Sequence[dict[str, Any]]) -> str:
+    """`other processes used up to 0.90 of 2 cores`: the most other processes used, before or
+    during, over the load readings of busy probes."""
+    cores = max(
+        max(load["other_processes_cores_before"] or 0, load["other_processes_cores"] or 0)
+        for load in loads
+    )
+    return f"other processes used up to {cores:.2f} of {loads[0]['cpu_count']} cores"
+
+
+def busy_note(names: Sequence[str], loads: Sequence[dict[str, Any]]) -> str:
+    """The note for probes measured while other processes kept the machine busy."""
+    return (
+        f"{BUSY_NOTE_START} ({busy_cores_text(loads)}): {', '.join(names)}; cached marked busy, "
+        "not as this machine's roofs, and measured again by the next run on a quiet machine"
+    )
 
 
 def ceilings(
@@ -543,11 +674,18 @@ def ceilings(
     budget_s: float = DEFAULT_BUDGET_S,
     first: str | None = None,
     progress: Progress | None = None,
+    watch_load: Callable[[], LoadWatch] | None = None,
 ) -> dict[str, Any]:
-    """This device's roofs (the fields of `results.HardwareCeilings`): from the cache for this
-    device, thread count and torch, measuring only what it lacks (everything with `refresh`),
-    `first` dtype first, within `budget_s`. `sources` says where each probe's number came from,
-    and (`read_bytes_per_s`) which probe the read roof is.
+    """This device's roofs (the fields of `results.HardwareCeilings`, and `probe_loads`): from
+    the cache for this device, thread count and torch, measuring only what it lacks (everything
+    with `refresh`), `first` dtype first, within `budget_s`. `sources` says where each probe's
+    number came from, and (`read_bytes_per_s`) which probe the read roof is.
+
+    `watch_load()` (`provenance.LoadMonitor`) watches the machine around a measurement;
+    `probe_loads` gives each probe's reading (None: not watched). A cached probe measured busy
+    or not watched is measured again by a call that watches and finds the machine quiet now (a
+    call that does not watch cannot tell, and uses the cache); a busy measurement is cached
+    marked busy and never replaces a quiet one (the module's docstring says why).
     """
     import torch
 
@@ -555,29 +693,99 @@ def ceilings(
     if device_name == "cuda":
         key = f"{torch.cuda.get_device_name()}-{key}"
     path = _cache_path(key)
-    cached = None if refresh else _read_cache(path)
+    previous = _read_cache(path)
+    cached = None if refresh else previous
     order = sorted(MATMUL_DTYPES, key=lambda d: d != first)
     known = set() if cached is None else {*cached["matmul_flops_per_s"], *cached["unsupported"]}
     missing = [d for d in order if d not in known]
-    if cached is not None and not missing:
+    # Only a call that watches the load can tell the machine is quiet now: worth measuring again.
+    stale = [] if cached is None or watch_load is None else _stale_probes(cached)
+    if cached is not None and not missing and not stale:
         return _with_sources(cached, path, set())
-    measured = measure(device_name, budget_s, missing, cached is None, progress)
-    merged = measured if cached is None else _merge(cached, measured)
-    merged["notes"] = _notes(merged)
-    _write_cache(path, merged)
-    return _with_sources(merged, path, set(measured["probes"]))
+    watch = watch_load() if watch_load is not None else None
+    with watch if watch is not None else contextlib.nullcontext():
+        if watch is not None and watch.load().is_busy:
+            stale = []  # busy now too: measuring again would give busy numbers, for the budget
+            if cached is not None and not missing:
+                return _with_sources(cached, path, set())
+        dtypes = [d for d in order if d in missing or d in stale]
+        with_bandwidth = cached is None or "read" in stale
+        measured = measure(device_name, budget_s, dtypes, with_bandwidth, progress)
+    load = None if watch is None else _load_record(watch.load())
+    measured["probe_loads"] = dict.fromkeys(measured["probes"], load)
+    roofs = _combine(cached, measured, set(measured["probes"]))
+    is_busy = load is not None and load["is_busy"]
+    kept = set()  # quiet roofs in the cache that a busy measurement does not replace
+    if is_busy and previous is not None:
+        kept = {name for name in measured["probes"] if _is_quiet(previous, name)}
+    _write_cache(path, _combine(previous, measured, set(measured["probes"]) - kept))
+    if kept:
+        roofs["notes"].append(
+            f"{', '.join(sorted(kept))}: not cached, measured on a busy machine; the cache keeps "
+            "the quiet measurement (`llmbench hardware` shows it)"
+        )
+    return _with_sources(roofs, path, set(measured["probes"]))
 
 
-def _merge(cached: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
-    merged = {**cached, "skipped": measured["skipped"]}
-    merged["matmul_flops_per_s"] = {
-        **cached["matmul_flops_per_s"],
-        **measured["matmul_flops_per_s"],
+def _load_record(load: Any) -> dict[str, Any]:
+    """A `LoadWatch` reading as cached with each probe."""
+    return {
+        "is_busy": bool(load.is_busy),
+        "cpu_count": load.cpu_count,
+        "other_processes_cores_before": load.other_processes_cores_before,
+        "other_processes_cores": load.other_processes_cores,
     }
-    merged["probes"] = {**cached["probes"], **measured["probes"]}
-    merged["unsupported"] = [*cached["unsupported"], *measured["unsupported"]]
-    merged["notes"] = _notes(merged)
-    return merged
+
+
+def _is_quiet(roofs: dict[str, Any], name: str) -> bool:
+    """Whether probe `name` of `roofs` was measured on a quiet machine: its load watched and not
+    busy, or no load record at all (a hand-written cache entry)."""
+    loads = roofs.get("probe_loads", {})
+    if name not in roofs["probes"]:
+        return False
+    if name not in loads:
+        return True
+    return loads[name] is not None and not loads[name]["is_busy"]
+
+
+def _stale_probes(cached: dict[str, Any]) -> list[str]:
+    """Cached probes worth measuring again on a quiet machine: measured busy, or with the load
+    not watched. `read` stands for the bandwidth probes, measured together."""
+    loads = cached.get("probe_loads", {})
+    return [
+        name
+        for name in ("read", *cached["matmul_flops_per_s"])
+        if name in loads and (loads[name] is None or loads[name]["is_busy"])
+    ]
+
+
+def _combine(
+    base: dict[str, Any] | None, measured: dict[str, Any], taken: set[str]
+) -> dict[str, Any]:
+    """`base` (None: nothing) with the probes `taken` from `measured` (their rates and load
+    readings with them); what `measured` found unsupported or skipped is added."""
+    if base is None:
+        base = {**measured, "matmul_flops_per_s": {}, "probes": {}, "probe_loads": {}}
+        base.pop("read_bytes_per_s", None)
+        base.pop("copy_bytes_per_s", None)
+        base["unsupported"] = []
+    out = {**base, "skipped": measured["skipped"]}
+    out["probes"] = {**base["probes"]}
+    out["probe_loads"] = {**base.get("probe_loads", {})}
+    out["matmul_flops_per_s"] = {**base["matmul_flops_per_s"]}
+    for name in (name for name in measured["probes"] if name in taken):
+        out["probes"][name] = measured["probes"][name]
+        out["probe_loads"][name] = measured["probe_loads"][name]
+        if name in measured["matmul_flops_per_s"]:
+            out["matmul_flops_per_s"][name] = measured["matmul_flops_per_s"][name]
+    for name, field in (("read", "read_bytes_per_s"), ("copy", "copy_bytes_per_s")):
+        if name in taken:
+            out[field] = measured[field]
+    if "read" in taken:  # the method names the bandwidth probes' buffers
+        out["method"] = measured["method"]
+    out["unsupported"] = [*base["unsupported"], *measured["unsupported"]]
+    out["notes"] = _notes(out)
+    return out
 
 
 def _read_cache(path: Path) -> dict[str, Any] | None:
@@ -592,6 +800,7 @@ def _read_cache(path: Path) -> dict[str, Any] | None:
     if data.get("format") != CACHE_FORMAT:
         return None
     data.setdefault("unsupported", [])
+    data.setdefault("probe_loads", {})
     data["skipped"] = []  # what this call skips, not what an earlier one did
     data["notes"] = _notes(data)
     return data
@@ -612,7 +821,7 @@ def _with_sources(roofs: dict[str, Any], path: Path, measured_now: set[str]) -> 
     out["sources"] = {
         name: "measured now"
         if name in measured_now
-        else f"cache {path} (measured {_date(probe['measured_unix_s'])})"
+        else f"cache {path} (measured {date_text(probe['measured_unix_s'])})"
         for name, probe in roofs["probes"].items()
     }
     read = roofs["probes"].get("read")
@@ -629,5 +838,6 @@ def threads_text(threads: int) -> str:
     return f"{threads} thread{'' if threads == 1 else 's'}"
 
 
-def _date(unix_s: float) -> str:
+def date_text(unix_s: float) -> str:
+    """A wall-clock time as `2026-11-26 14:02` (local time)."""
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(unix_s))

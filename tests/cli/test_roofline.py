@@ -142,6 +142,12 @@ def test_hardware_prints_every_probe_with_best_median_and_spread(tmp_path):
             "converged": converged,
         }
 
+    quiet = {
+        "is_busy": False,
+        "cpu_count": 2,
+        "other_processes_cores_before": 0.01,
+        "other_processes_cores": 0.03,
+    }
     probes = {
         "read": probe("read", "read-only sum", "B/s", 19.0e9, 18.1e9, 0.08),
         "read_1thread": probe("read_1thread", "read-only sum", "B/s", 12.5e9, 12.0e9, 0.5, False),
@@ -159,6 +165,8 @@ def test_hardware_prints_every_probe_with_best_median_and_spread(tmp_path):
         "notes": [],
         "probes": probes,
         "unsupported": ["float32", "float16", "int8"],
+        # Measured on a quiet machine (a busy one would be measured again when quiet).
+        "probe_loads": dict.fromkeys(probes, quiet),
         "format": ceilings.CACHE_FORMAT,
     }
     key = f"cpu-{torch.get_num_threads()}threads-torch{torch.__version__}"
@@ -179,3 +187,7 @@ def test_hardware_prints_every_probe_with_best_median_and_spread(tmp_path):
         "  read roof: 19.0 GB/s, probe read: the best read-only sum over 2 threads, of 6 runs"
     )
     assert "  note: not settled (their best 3 runs were not within 3%" in result.stdout
+    as_json = json.loads(llmbench("hardware", "--json", cache=tmp_path).stdout)
+    assert as_json["probe_loads"]["read"] == quiet and as_json["sources"]["read"].startswith(
+        "cache"
+    )

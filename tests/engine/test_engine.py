@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from llmbench.engine.engine import EngineConfig, LLMEngine
+from llmbench.engine.engine import EngineConfig, KVCacheDemand, LLMEngine, kv_blocks_for
 from llmbench.engine.loop import EngineLoop
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import UserError
@@ -169,3 +169,47 @@ def test_step_records_count_the_requests_left_waiting(tiny_folder):
     assert records[0].num_waiting == 3
     assert [len(r.context_lens) for r in records] == [2, 2, 2, 2, 1, 1]
     assert [r.num_waiting for r in records] == [3, 3, 1, 1, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("demand", "window", "expected"),
+    [
+        # The agentic main job on smollm2-135m: 4 sessions of up to 3,872 tokens = 242 blocks
+        # each; x 1.25 headroom: 1,210 blocks (19,360 tokens, 446 MB in bfloat16, not 2 GiB).
+        (KVCacheDemand(4, 3872), 8192, 1210),
+        (KVCacheDemand(2, 10_000), 512, 80),  # within the window: 32 blocks each, x 2 x 1.25
+        (KVCacheDemand(3, None), 512, 120),  # unbounded lengths: the window, 3 x 32 x 1.25
+        (KVCacheDemand(1, 17), 8192, 3),  # 2 blocks x 1.25 = 2.5: rounded up
+    ],
+)
+def test_kv_blocks_for_a_workloads_demand(demand, window, expected):
+    assert kv_blocks_for(demand, window, block_size=16) == expected
+
+
+def test_a_cpu_engine_sizes_its_kv_cache_for_the_workload_unless_told(tiny_folder):
+    """The tiny model: 2 layers x 2 KV heads x head_dim 16, float32: K + V of a token are
+    2 x 2 x 2 x 16 x 4 = 512 bytes; a 512-token window is 32 blocks of 16."""
+    sized = LLMEngine(
+        EngineConfig(model=tiny_folder, device="cpu", kv_cache_demand=KVCacheDemand(3, 100))
+    )
+    # 3 x ceil(100 / 16) = 21 blocks, x 1.25 = 26.25: 27 blocks, 432 tokens, 221,184 bytes.
+    assert (sized.kv_cache.num_tokens, sized.kv_cache.num_bytes) == (432, 432 * 512)
+    assert sized.kv_cache_sizing == (
+        "sized for the workload: 3 sequences of up to 100 tokens + 25%; engine.kv_cache_memory "
+        "sets it"
+    )
+    told = LLMEngine(
+        EngineConfig(
+            model=tiny_folder,
+            device="cpu",
+            kv_cache_memory=64 * 16 * 512,
+            kv_cache_demand=KVCacheDemand(3, 100),
+        )
+    )
+    assert (told.kv_cache.num_tokens, told.kv_cache_sizing) == (64 * 16, "engine.kv_cache_memory")
+    # No workload (generate, serve): 2 GiB, capped at 64 sequences x 32 blocks here.
+    default = LLMEngine(EngineConfig(model=tiny_folder, device="cpu"))
+    assert default.kv_cache.num_tokens == 64 * 512
+    assert default.kv_cache_sizing == (
+        "the 2 GiB CPU default, capped at 64 full 512-token contexts"
+    )

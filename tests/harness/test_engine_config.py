@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from llmbench.engine.engine import EngineConfig
+from llmbench.engine.engine import EngineConfig, KVCacheDemand
 from llmbench.engine.kv_dtype import KVCacheDtype
 from llmbench.engine.speculative import SpeculativeConfig
 from llmbench.errors import UserError
 from llmbench.harness.engine_config import (
     engine_config,
     engine_spec_of_flags,
+    kv_cache_demand,
+    longest_context_tokens,
     moe_offload_config,
     parse_moe_offload,
 )
 from llmbench.harness.spec import EngineSpec, KVCacheDtypeSpec, MoEOffloadSpec, SpeculativeSpec
 from llmbench.harness.spec_load import load_spec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_field_of_the_engine_block_reaches_the_engine():
@@ -149,3 +155,63 @@ def test_the_spec_reads_and_checks_moe_offload(tmp_path):
             _spec(tmp_path, offload)
     with pytest.raises(UserError, match="only for backend kind 'engine'"):
         _spec(tmp_path, "{resident: 1}", backend="openai")
+
+
+def spec_of(tmp_path, text: str, *sets: str):
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    return load_spec(path, list(sets))
+
+
+def test_the_main_jobs_longest_context_and_kv_demand():
+    """workloads/agentic.yaml at its longest: system 400 + schemas 600 + task 120 + 4 steps x
+    (result 600 + reply 32) + final 48 = 3,696 tokens, and 11 messages x 16 template tokens
+    (system, task, 4 x (reply, result), the final reply): 3,872; 4 sessions in flight."""
+    spec = load_spec(REPO_ROOT / "workloads" / "agentic.yaml")
+    assert longest_context_tokens(spec.workload) == 3696 + 11 * 16
+    assert kv_cache_demand(spec) == KVCacheDemand(num_seqs=4, max_tokens=3872)
+
+
+def test_longest_context_of_chat_and_rag(tmp_path):
+    chat = spec_of(
+        tmp_path,
+        "workload: {kind: chat, system_prompt_tokens: 100, turns: {dist: uniform, min: 1, "
+        "max: 3}, user_tokens: {dist: empirical, values: [10, 50]}, output_tokens: 20}\n",
+    )
+    # 100 + 3 x (50 + 20) = 310, and 7 messages (system, 3 x (user, reply)).
+    assert longest_context_tokens(chat.workload) == 310 + 7 * 16
+    rag = spec_of(
+        tmp_path,
+        "workload: {kind: rag, system_prompt_tokens: 50, docs_per_query: 2, document_tokens: "
+        "{dist: normal, mean: 300, std: 50, max: 400}, user_tokens: 30, output_tokens: 40}\n",
+    )
+    # 50 + 2 x 400 + 30 + 40 = 920, and 5 messages' worth (system, question, reply, 2 docs).
+    assert longest_context_tokens(rag.workload) == 920 + 5 * 16
+    unbounded = spec_of(
+        tmp_path, "workload: {kind: chat, output_tokens: {dist: lognormal, mean: 64, sigma: 1}}\n"
+    )
+    assert longest_context_tokens(unbounded.workload) is None  # up to the model's window
+
+
+def test_the_kv_demand_follows_the_load(tmp_path):
+    base = "workload: {kind: chat, sessions: 6, turns: 1, user_tokens: 10, output_tokens: 10}\n"
+    tokens = 200 + 10 + 10 + 3 * 16  # the default 200-token system prompt
+    assert kv_cache_demand(spec_of(tmp_path, base)) == KVCacheDemand(4, tokens)
+    sweep = spec_of(tmp_path, base + "load: {kind: concurrency, sweep: [1, 2, 8]}\n")
+    assert kv_cache_demand(sweep).num_seqs == 6  # the sweep's 8, but only 6 sessions
+    rate = spec_of(tmp_path, base + "load: {kind: poisson, rate_per_s: 2}\n")
+    assert kv_cache_demand(rate).num_seqs == 6  # open loop: every session may be in flight
+    few = spec_of(tmp_path, base + "engine: {max_num_seqs: 2}\n")
+    assert kv_cache_demand(few).num_seqs == 2  # the engine runs 2 at once at most
+    ngram = spec_of(tmp_path, base + "engine: {speculative: {method: ngram, num_tokens: 3}}\n")
+    assert kv_cache_demand(ngram).max_tokens == tokens + 3
+
+
+def test_a_runs_engine_gets_the_demand_unless_the_spec_sizes_the_cache(tmp_path):
+    spec = load_spec(REPO_ROOT / "workloads" / "agentic.yaml")
+    config = engine_config(spec.model, spec.dtype, spec.device, spec.engine, run=spec)
+    assert config.kv_cache_demand == KVCacheDemand(4, 3872) and config.kv_cache_memory is None
+    told = load_spec(REPO_ROOT / "workloads" / "agentic.yaml", ["engine.kv_cache_memory=100000000"])
+    config = engine_config(told.model, told.dtype, told.device, told.engine, run=told)
+    assert (config.kv_cache_demand, config.kv_cache_memory) == (None, 1e8)
+    assert engine_config(spec.model, spec.dtype, spec.device, spec.engine).kv_cache_demand is None

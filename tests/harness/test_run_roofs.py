@@ -3,15 +3,19 @@ its source; the openai backend's estimated decode points."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from llmbench.errors import UserError
-from llmbench.harness import run_roofs
+from llmbench.harness import provenance, run_roofs
 from llmbench.harness.records import RequestRecord
-from llmbench.harness.results import HardwareCeilings, Roofs
+from llmbench.harness.results import HardwareCeilings, Probe, Roofs
 
 
 def test_openai_roofline_is_estimated_against_a_named_datasheet(tmp_path):
@@ -159,7 +163,7 @@ def test_a_llmbench_server_says_its_dtype_and_the_roofline_costs_its_bytes(tmp_p
     """`llmbench serve` in float32 with a bfloat16 spec: the estimated roofline reads 4 bytes a
     weight and a K/V element, as the server says, not the spec's 2 (MBU 2× too high before)."""
     from llmbench.engine.engine import EngineConfig, LLMEngine
-    from llmbench.harness.backends.openai import OpenAIBackend, ServedModel
+    from llmbench.harness.backends.openai import OpenAIBackend
     from llmbench.roofline.cost_model import decode_cost
     from llmbench.serve import ServeConfig
     from tests.serve.helpers import serving
@@ -172,7 +176,11 @@ def test_a_llmbench_server_says_its_dtype_and_the_roofline_costs_its_bytes(tmp_p
         spec = openai_spec(tmp_path, url + "/v1")
         backend = OpenAIBackend(spec.backend.url)
         setup, _ = run_roofs.roofline_setup(spec, backend, config, None)
-    assert backend.served == ServedModel("tiny", "float32", None)
+    assert (backend.served.id, backend.served.dtype, backend.served.quantization) == (
+        "tiny",
+        "float32",
+        None,
+    )
     assert (setup.dtype, setup.weights) == ("float32", "float32")
     assert (setup.weight_bytes_per_param, setup.kv_bytes_per_elem) == (4.0, 4.0)
     assert setup.method.endswith("; weights float32, as the server says")
@@ -235,3 +243,136 @@ def test_a_server_that_says_nothing_gets_the_spec_dtype_and_a_warning(tmp_path, 
         "bfloat16 (2 bytes/param); set backend.weights if it is another"
     )
     assert capsys.readouterr().err == f"roofline: {line}\n"
+
+
+def probe(best_per_s: float, spread: float, converged: bool, measured_unix_s: float) -> Probe:
+    return Probe(
+        size=1,
+        repeats=6,
+        seconds=1 / best_per_s,
+        measured_unix_s=measured_unix_s,
+        best_per_s=best_per_s,
+        spread=spread,
+        converged=converged,
+    )
+
+
+def cpu_roofs(sources: dict[str, str], read: Probe, bf16: Probe) -> HardwareCeilings:
+    return HardwareCeilings(
+        device="cpu0",
+        device_type="cpu",
+        threads=2,
+        torch="2.13.0",
+        copy_bytes_per_s=8e9,
+        read_bytes_per_s=read.best_per_s,
+        matmul_flops_per_s={"bfloat16": bf16.best_per_s},
+        method="m",
+        probes={"read": read, "bfloat16": bf16},
+        sources=sources,
+    )
+
+
+T = 1_795_000_000.0  # the roofs' measurement, wall clock
+QUIET_LOAD = {
+    "is_busy": False,
+    "cpu_count": 2,
+    "other_processes_cores_before": 0.02,
+    "other_processes_cores": 0.04,
+}
+BUSY_LOAD = {**QUIET_LOAD, "is_busy": True, "other_processes_cores": 0.98}
+
+
+def test_the_roofs_line_says_which_roofs_how_old_how_settled_and_how_quiet():
+    date = time.strftime("%Y-%m-%d %H:%M", time.localtime(T))
+    cache = f"cache /c.json (measured {date})"
+    roofs = cpu_roofs(
+        {"read": cache, "bfloat16": cache},
+        probe(9.5e9, 0.02, True, T),
+        probe(57e9, 0.05, True, T - 60),
+    )
+    loads = {"read": QUIET_LOAD, "bfloat16": QUIET_LOAD}
+    # 3 h 5 min after the older one (bfloat16's).
+    line = run_roofs.roofs_line(roofs, loads, "bfloat16", T - 60 + 3 * 3600 + 300)
+    older = time.strftime("%Y-%m-%d %H:%M", time.localtime(T - 60))
+    assert line == (
+        f"roofs: cached {older} (3 h old), read 9.5 GB/s ±2%, bfloat16 57.0 GFLOP/s ±5%; "
+        "measured on a quiet machine"
+    )
+
+
+def test_the_roofs_line_of_roofs_measured_now_on_a_busy_machine():
+    now = {"read": "measured now", "bfloat16": "measured now"}
+    roofs = cpu_roofs(now, probe(18.1e9, 0.32, False, T), probe(97e9, 0.29, False, T))
+    line = run_roofs.roofs_line(
+        roofs, {"read": BUSY_LOAD, "bfloat16": BUSY_LOAD}, "bfloat16", T, took_s=33.34
+    )
+    assert line == (
+        "roofs: measured now in 33.3 s, read 18.1 GB/s ±32% unsettled, bfloat16 97.0 GFLOP/s "
+        "±29% unsettled; measured on a busy machine (other processes used up to 0.98 of 2 "
+        "cores): cached marked busy, not as this machine's; the next run on a quiet machine "
+        "measures them again"
+    )
+
+
+def test_the_roofs_line_of_roofs_partly_cached_and_without_a_load_reading():
+    date = time.strftime("%Y-%m-%d %H:%M", time.localtime(T))
+    roofs = cpu_roofs(
+        {"read": f"cache /c.json (measured {date})", "bfloat16": "measured now"},
+        probe(9.5e9, 0.02, True, T),
+        probe(57e9, 0.0, True, T + 7200),
+    )
+    line = run_roofs.roofs_line(roofs, {"read": None}, "bfloat16", T + 7200)
+    assert line == (
+        f"roofs: measured now and cached, read 9.5 GB/s ±2% (cached {date}), bfloat16 57.0 "
+        "GFLOP/s ±0% (measured now); the machine's load was not watched when they were measured"
+    )
+    # A dtype the budget skipped: said so.
+    roofs = cpu_roofs({"read": "measured now"}, probe(9.5e9, 0.02, True, T), probe(1, 0, True, T))
+    roofs = replace(roofs, probes={"read": roofs.probes["read"]})
+    line = run_roofs.roofs_line(roofs, {}, "bfloat16", T, took_s=1.0)
+    assert line.startswith("roofs: measured now in 1.0 s, read 9.5 GB/s ±2%, bfloat16 not measured")
+
+
+def test_a_runs_roofs_measured_busy_are_said_so_and_cached_marked_busy(
+    tmp_path, monkeypatch, capsys
+):
+    """The run's LoadMonitor, on scripted readings (another process at 0.75 cores), watches the
+    roofs' measurement: the run's line says busy, and the cache marks every probe busy."""
+    import torch
+
+    from llmbench.harness.spec import RunSpec
+    from llmbench.roofline import ceilings
+    from tests.harness.test_provenance import Machine
+    from tests.roofline.test_ceilings import fake_measure
+
+    monkeypatch.setenv("LLMBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(ceilings, "measure", fake_measure([], skipped=()))
+    machine = Machine(others=0.75, self_=1.0)
+    monkeypatch.setattr(
+        run_roofs, "LoadMonitor", lambda: provenance.LoadMonitor(readings=machine.readings())
+    )
+    backend = SimpleNamespace(engine=SimpleNamespace(device=torch.device("cpu")))
+    roofs = run_roofs.measured_roofs(RunSpec(dtype="bfloat16"), backend)
+    assert roofs.read_bytes_per_s == 3e9 and roofs.sources["read"] == "measured now"
+    err = capsys.readouterr().err
+    assert "roofs: measured now in " in err
+    assert err.splitlines()[-1].endswith(
+        "read 3.0 GB/s ±0%, bfloat16 1.0 GFLOP/s ±0%; measured on a busy machine (other "
+        "processes used up to 0.75 of 2 cores): cached marked busy, not as this machine's; the "
+        "next run on a quiet machine measures them again"
+    )
+    (cache_file,) = (tmp_path / "hardware").iterdir()
+    loads = json.loads(cache_file.read_text())["probe_loads"]
+    assert {name: load["is_busy"] for name, load in loads.items()} == dict.fromkeys(loads, True)
+    assert roofs.notes[0].startswith("measured on a busy machine")  # kept in results.json
+
+
+def test_the_kv_cache_line_says_its_size_and_why():
+    engine = SimpleNamespace(
+        kv_cache=SimpleNamespace(num_bytes=1210 * 16 * 23040, num_tokens=19_360),
+        kv_cache_sizing="sized for the workload: 4 sequences of up to 3,872 tokens + 25%",
+    )
+    assert run_roofs.kv_cache_line(engine) == (
+        "K/V cache: 425 MiB, 19,360 tokens (sized for the workload: 4 sequences of up to 3,872 "
+        "tokens + 25%)"
+    )
