@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import sys
+from pathlib import Path
 
 import click
 
@@ -17,6 +19,7 @@ from llmbench.cli.roofline import hardware_command, roofline
 from llmbench.cli.run import export, report, run
 from llmbench.cli.serve import serve
 from llmbench.errors import UserError
+from llmbench.harness.run_folder import WriteFailed, write_failed
 
 # What `pip install 'llmbench[engine]'` adds: report, compare, roofline and runs against a
 # server work without it.
@@ -38,13 +41,30 @@ cli.add_command(profile)
 cli.add_command(moe)
 
 
+# A disk with no room (a quota), or one mounted read-only: never a bug, so never a traceback,
+# wherever a write meets it (the reports name their file; `run` raises a `WriteFailed`).
+CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
 def main() -> None:
-    """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
+    """Entry point: user errors become one line on stderr and exit code 2, never a traceback;
+    a write that failed (a full disk) one line naming the file and the space left, exit 1."""
     try:
         cli(standalone_mode=False)
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    except WriteFailed as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except OSError as e:
+        if e.errno not in CANNOT_WRITE:
+            raise
+        if e.filename:  # a write no command turned into a `WriteFailed` itself
+            click.echo(f"error: {write_failed(Path(e.filename), e)}", err=True)
+        else:
+            click.echo(f"error: a write failed ({e.strerror})", err=True)
+        sys.exit(1)
     except ModuleNotFoundError as e:
         if e.name not in ENGINE_EXTRA:
             raise

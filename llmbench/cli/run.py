@@ -32,7 +32,14 @@ from llmbench.errors import BackendFailure, UserError
     "--out",
     type=click.Path(path_type=Path),
     default=None,
-    help="run folder (default: <output_dir>/<name>-<time>)",
+    help="run folder (default: <output_dir>/<name>-<time>); one that holds a run already is "
+    "refused unless --force",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="replace the run in --out: its files (results.json, the records, reports, sweep "
+    "points, variants) are removed first; other files stay",
 )
 @click.option(
     "--repeat",
@@ -75,6 +82,7 @@ def run(
     overrides: tuple[str, ...],
     vary: tuple[str, ...],
     out: Path | None,
+    force: bool,
     repeat: int | None,
     strict: bool,
     client_cpus: str | None,
@@ -95,7 +103,11 @@ def run(
     With variants (`--vary`, or `variants:` in the spec) each configuration runs in turn into
     OUT/variants/<name>/, a whole run folder of its own, and OUT/report.html puts them side by
     side; a variant that fails is listed with its error, the others still run, and the run
-    exits 1."""
+    exits 1.
+
+    A write that fails (a full disk) stops the run: one line naming the file and the space left
+    there, what was kept, exit 1. An --out that holds a run already is refused (exit 2) unless
+    --force replaces it."""
     from llmbench.harness import client_load, shards
     from llmbench.harness.failures import RunFailed
     from llmbench.harness.run import execute
@@ -114,19 +126,27 @@ def run(
         client_load.pin(client_load.parse_cpu_list(client_cpus), client_cpus)
     try:
         if variants:
-            _run_variants(spec, variants, out, strict)
+            _run_variants(spec, variants, out, strict, force)
             return
         if own_shard is None:
             reports, sweep_report = write_reports, lambda root: _sweep_report(root, spec)
         else:  # A shard holds part of a run: the reports are the merged folder's (`merge`).
             reports, sweep_report = (lambda _: None), click.echo
         execute(
-            spec, out, reports, is_strict=strict, shard=own_shard, write_sweep_report=sweep_report
+            spec,
+            out,
+            reports,
+            is_strict=strict,
+            shard=own_shard,
+            write_sweep_report=sweep_report,
+            force=force,
         )
     except RunFailed as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     except RunInterrupted as e:
+        if e.skipped is not None:  # a second signal: what it skipped, and how to get it back
+            click.echo(e.skipped, err=True)
         click.echo(str(e), err=True)  # "interrupted by SIGTERM"
         sys.exit(e.exit_code)
     except BackendFailure as e:
@@ -134,9 +154,11 @@ def run(
         sys.exit(1)
 
 
-def _run_variants(spec, variants, out: Path | None, strict: bool) -> None:
+def _run_variants(spec, variants, out: Path | None, strict: bool, force: bool) -> None:
     """Run every variant, then print the comparison and, as the last line of stdout, the
-    folder (also when a variant failed: `RunFailed` follows)."""
+    folder (also when a variant failed: `RunFailed` follows). The root folder is claimed as a
+    plain run's is (refused when it holds a run, unless `force`)."""
+    from llmbench.harness.run_folder import claim_folder, default_folder
     from llmbench.harness.run_variants import execute_variants
     from llmbench.reports import variant_tables
     from llmbench.reports.render import write_reports
@@ -147,7 +169,9 @@ def _run_variants(spec, variants, out: Path | None, strict: bool) -> None:
         click.echo(f"\n{variant_tables.terminal_table(variant_tables.load(root)[1])}")
         click.echo(root)
 
-    execute_variants(spec, variants, out, write_reports, top_report, is_strict=strict)
+    root = out or default_folder(spec.output_dir, spec.name)
+    claim_folder(root, force=force)
+    execute_variants(spec, variants, root, write_reports, top_report, is_strict=strict)
 
 
 def _sweep_report(root: Path, spec) -> None:
@@ -197,11 +221,17 @@ def report(run_dir: Path) -> None:
 )
 def export(run_dir: Path, fmt: str, out: Path | None) -> None:
     """Flatten RUN_DIR into requests, steps and summary tables (CSV or Parquet) via pandas."""
+    from llmbench.harness.run_folder import write_failed
     from llmbench.reports import rundata
     from llmbench.reports.export import export as export_run
 
     _rebuild_missing_results(run_dir)
-    for path in export_run(rundata.load(run_dir), out or run_dir / "export", fmt):
+    run, folder = rundata.load(run_dir), out or run_dir / "export"
+    try:
+        paths = export_run(run, folder, fmt)
+    except OSError as e:  # a full disk: one line naming the table
+        raise write_failed(Path(e.filename) if e.filename else folder, e) from None
+    for path in paths:
         click.echo(path)
 
 
@@ -215,9 +245,9 @@ def _rebuild_missing_results(folder: Path) -> None:
         if can_rebuild(run_folder):
             result = rebuild(run_folder)
             click.echo(
-                f"{run_folder}: no results.json (the run was killed): rebuilt it from "
-                f"requests.jsonl and steps.jsonl ({result.summary['num_completed']} requests "
-                "completed)",
+                f"{run_folder}: no results.json (the run was killed, or could not write it): "
+                f"rebuilt it from requests.jsonl and steps.jsonl "
+                f"({result.summary['num_completed']} requests completed)",
                 err=True,
             )
 

@@ -17,6 +17,9 @@ from pathlib import Path
 
 from llmbench.errors import UserError
 
+MAX_SWEEP_POINTS = 100  # a sweep's points: each one is a whole run
+MAX_TRACE_REQUESTS = 1_000_000  # the lines of a trace read (a run uses its first `sessions`)
+
 
 def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
@@ -85,49 +88,60 @@ def gamma_offsets(
     return _cumulative([rng.gammavariate(burstiness, scale_s) for _ in range(num_requests - 1)])
 
 
-def trace_offsets(path: str | Path) -> list[float]:
+def trace_offsets(path: str | Path, max_requests: int = MAX_TRACE_REQUESTS) -> list[float]:
     """Replay a recorded trace: one JSON object per line with a `timestamp` in seconds.
 
-    Other fields are ignored; blank lines are skipped; timestamps must not decrease.
+    Other fields are ignored; blank lines are skipped; timestamps must not decrease. Only the
+    first `max_requests` requests are read (at most `MAX_TRACE_REQUESTS`): the file is read a
+    line at a time, so a long trace costs the memory of those only.
     Formula: offset_i = timestamp_i − timestamp_0.
     """
     path = Path(path)
+    max_requests = min(max_requests, MAX_TRACE_REQUESTS)
+    timestamps: list[float] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with path.open(encoding="utf-8") as lines:
+            for line_no, line in enumerate(lines, start=1):
+                if len(timestamps) >= max_requests:
+                    break
+                if line.strip():
+                    timestamps.append(_timestamp(line, f"trace file {path}, line {line_no}"))
+                    if len(timestamps) > 1 and timestamps[-1] < timestamps[-2]:
+                        raise UserError(
+                            f"trace file {path}, line {line_no}: timestamp {timestamps[-1]} is "
+                            f"earlier than the line before ({timestamps[-2]}); sort the trace "
+                            "by timestamp"
+                        )
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read trace file {path}: {e}") from None
-    timestamps: list[float] = []
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"trace file {path}, line {line_no}"
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where}: not valid JSON ({e.msg})") from None
-        if not isinstance(entry, dict) or "timestamp" not in entry:
-            raise UserError(f"{where}: expected an object with a 'timestamp' field (seconds)")
-        ts = entry["timestamp"]
-        if not _is_number(ts) or not math.isfinite(ts):
-            raise UserError(f"{where}: 'timestamp' must be a number of seconds, got {ts!r}")
-        if timestamps and ts < timestamps[-1]:
-            raise UserError(
-                f"{where}: timestamp {ts} is earlier than the line before ({timestamps[-1]}); "
-                "sort the trace by timestamp"
-            )
-        timestamps.append(float(ts))
     if not timestamps:
         raise UserError(f"trace file {path} has no requests (expected JSON lines with 'timestamp')")
     return [ts - timestamps[0] for ts in timestamps]
 
 
+def _timestamp(line: str, where: str) -> float:
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(entry, dict) or "timestamp" not in entry:
+        raise UserError(f"{where}: expected an object with a 'timestamp' field (seconds)")
+    ts = entry["timestamp"]
+    if not _is_number(ts) or not math.isfinite(ts):
+        raise UserError(f"{where}: 'timestamp' must be a number of seconds, got {ts!r}")
+    return float(ts)
+
+
 def sweep_points(values: list[float]) -> list[float]:
-    """Check a sweep's values (rates or concurrencies): a non-empty list of numbers > 0.
+    """Check a sweep's values (rates or concurrencies): a non-empty list of numbers > 0, at
+    most `MAX_SWEEP_POINTS` of them.
 
     Returns them as floats, sorted ascending.
     """
     if not isinstance(values, (list, tuple)) or not values:
         raise UserError(f"sweep values must be a non-empty list of numbers > 0, got {values!r}")
+    if len(values) > MAX_SWEEP_POINTS:
+        raise UserError(f"a sweep has at most {MAX_SWEEP_POINTS} points, got {len(values)}")
     for v in values:
         if not _is_number(v) or not math.isfinite(v) or v <= 0:
             raise UserError(f"sweep values must all be finite numbers > 0, got {v!r}")

@@ -54,10 +54,15 @@ def git_sha() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def device_of(backend_kind: str, backend: Any, url: str | None) -> Device:
-    """What ran the model: this CPU or GPU (engine, transformers) or a server at `url`."""
+def device_of(
+    backend_kind: str, backend: Any, url: str | None, hardware: str | None = None
+) -> Device:
+    """What ran the model: this CPU or GPU (engine, transformers), or a server at `url` known by
+    its identity (`OpenAIBackend.identity`: kind, version, served model, and the `hardware`
+    declared for it — "measured", a server on this machine, names this CPU)."""
     if backend_kind == "openai":
-        return Device(type="remote", url=url)
+        on = cpu_name() if hardware == "measured" else hardware
+        return Device(type="remote", name=backend.identity(on), url=url)
     import torch
 
     if backend_kind == "transformers":

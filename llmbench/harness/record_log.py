@@ -4,9 +4,11 @@
 step (costed) when it ends, `sessions.jsonl` every session when its repetition ends. Every line
 carries the `repetition` it belongs to (0: the warm-up; a record's own field, a step's from its
 start time). One writer thread does
-the writing and flushes after each batch, so the event loop and the engine thread only put an
-object on a queue (about a microsecond), and a run killed even with `kill -9` leaves every record
-that was written: at most the last few milliseconds' worth, and a cut last line, are lost.
+the writing, each batch in one unbuffered write per file, so the event loop and the engine thread
+only put an object on a queue (about a microsecond), and a run killed even with `kill -9` leaves
+every record that was written: at most the last few milliseconds' worth, and a cut last line, are
+lost. A write that fails (a full disk) stops the run (`RecordLog.error`); the files keep whole
+lines only.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO
 
 from llmbench.errors import UserError
 from llmbench.harness.records import RequestRecord, ServerTimings
+from llmbench.harness.run_folder import WriteFailed, write_failed
 
 REQUESTS_FILE = "requests.jsonl"
 STEPS_FILE = "steps.jsonl"
@@ -34,16 +37,37 @@ class RecordLog:
     """Appends records to a run folder's jsonl files from any thread.
 
     `cost_step` turns an engine step into its steps.jsonl line (the roofline point); it runs on
-    the writer thread, off the engine's. The files are truncated when the log opens (a folder
-    reused with `--out` starts over) and closed by `close()`, which writes what is queued.
+    the writer thread, off the engine's. The files are truncated when the log opens and closed
+    by `close()`, which writes what is queued.
+
+    A write that fails (a full disk) keeps the file whole: a line written in part is cut off
+    again, so each file holds whole lines only. That first failure is `error` (a `WriteFailed`,
+    also handed to `on_error`, on the writer thread: the run stops); nothing more is written
+    after it, and the lines that were not written are kept in `unwritten`, per file.
     """
 
-    def __init__(self, folder: Path, cost_step: Callable[[Any], dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        cost_step: Callable[[Any], dict[str, Any]] | None = None,
+        on_error: Callable[[WriteFailed], object] | None = None,
+    ):
         self.folder = folder
         self._cost_step = cost_step
-        self._files: dict[str, IO[str]] = {name: (folder / name).open("w") for name in _FILES}
+        self._on_error = on_error
+        self._files: dict[str, BinaryIO] = {}
+        for name in _FILES:
+            try:
+                self._files[name] = (folder / name).open("wb", buffering=0)
+            except OSError as e:
+                for f in self._files.values():
+                    f.close()
+                raise write_failed(folder / name, e) from None
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
-        self.error: str | None = None  # the first write that failed (a full disk)
+        self.error: WriteFailed | None = None  # the first write that failed (a full disk)
+        self._bad_record: str | None = None  # a record that could not be made a line
+        self.num_written = dict.fromkeys(_FILES, 0)  # whole lines on disk, per file
+        self.unwritten: dict[str, list[dict[str, Any]]] = {name: [] for name in _FILES}
         # perf_counter_ns at which repetition 1, 2, ... started; replaced whole, never mutated,
         # as the writer thread reads it
         self._repetition_starts_ns: tuple[int, ...] = ()
@@ -80,56 +104,94 @@ class RecordLog:
         self._queue.put((STEPS_FILE, point))
 
     def close(self) -> None:
-        """Write everything queued and close the files; a failed write is a `UserError`."""
+        """Write everything queued and close the files; a write that failed is raised (the
+        `WriteFailed`), then a record that could not be made a line (a `UserError`)."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         for f in self._files.values():
-            f.close()
+            f.close()  # unbuffered: nothing is left to write
         if self.error is not None:
-            raise UserError(f"{self.folder}: writing the records failed: {self.error}")
+            raise self.error
+        if self._bad_record is not None:
+            raise UserError(f"{self.folder}: writing the records failed: {self._bad_record}")
 
-    def _line(self, name: str, item: Any) -> str:
+    def _row(self, name: str, item: Any) -> dict[str, Any]:
         if isinstance(item, dict):
-            row = item
-        elif name == STEPS_FILE and self._cost_step is not None:
+            return item
+        if name == STEPS_FILE and self._cost_step is not None:
             row = self._cost_step(item)
             row["repetition"] = self.repetition_at(item.t_start_ns)
-        else:
-            row = dataclasses.asdict(item)
-        return json.dumps(row) + "\n"
+            return row
+        return dataclasses.asdict(item)
 
     def _run(self) -> None:
         is_open = True
         while is_open:
             batch = [self._queue.get()]
-            while True:  # everything that queued meanwhile goes out with one flush per file
+            while True:  # everything that queued meanwhile goes out with one write per file
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            touched = set()
+            rows: dict[str, list[dict[str, Any]]] = {}
             for item in batch:
                 if item is None:
                     is_open = False
                     continue
                 name, record = item
                 try:
-                    self._files[name].write(self._line(name, record))
+                    rows.setdefault(name, []).append(self._row(name, record))
                 except Exception as e:  # noqa: BLE001 — kept, and raised by close()
-                    self.error = self.error or f"{name}: {type(e).__name__}: {e}"
-                touched.add(name)
-            for name in touched:
-                try:
-                    self._files[name].flush()
-                except OSError as e:
-                    self.error = self.error or f"{name}: {e}"
+                    self._bad_record = self._bad_record or f"{name}: {type(e).__name__}: {e}"
+            for name, file_rows in rows.items():
+                self._append(name, file_rows)
+
+    def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """Write `rows` as whole lines at the end of file `name`; after a failed write, keep
+        them (and every later one) in `unwritten`."""
+        if self.error is not None:
+            self.unwritten[name] += rows
+            return
+        lines = [(json.dumps(row) + "\n").encode() for row in rows]
+        f = self._files[name]
+        start = f.tell()
+        try:
+            _write(f, b"".join(lines))
+        except OSError as e:
+            # Cut what went out back to whole lines: a reader, and `llmbench report`, then see
+            # exactly the records written, and the rest stay in memory for the summary.
+            done, whole, size = f.tell() - start, 0, 0
+            while whole < len(lines) and size + len(lines[whole]) <= done:
+                size += len(lines[whole])
+                whole += 1
+            try:
+                f.truncate(start + size)
+                f.seek(start + size)
+            except OSError:
+                pass  # as it is: a reader drops a cut last line
+            self.num_written[name] += whole
+            self.unwritten[name] += rows[whole:]
+            self.error = write_failed(self.folder / name, e)
+            if self._on_error is not None:
+                self._on_error(self.error)
+            return
+        self.num_written[name] += len(lines)
+
+
+def _write(f: BinaryIO, data: bytes) -> None:
+    """All of `data` to the unbuffered file `f` (the one place a record line is written: an
+    OSError here, a full disk, is what `RecordLog` keeps the files whole through)."""
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view) :]
 
 
 def rewrite_requests(folder: Path, records: Sequence[RequestRecord]) -> None:
     """Replace the folder's requests.jsonl with `records`, a line each as `RecordLog` writes
     them: for what is learnt about the requests once they ended (the server's timings from its
-    log). Written aside, then renamed over the old file: a kill leaves one or the other whole."""
+    log). Written aside, then renamed over the old file: a kill leaves one or the other whole;
+    a write that fails is a `WriteFailed` and leaves the old file."""
     path = folder / REQUESTS_FILE
     aside = path.with_name(f"{REQUESTS_FILE}.new")
     try:
@@ -137,7 +199,8 @@ def rewrite_requests(folder: Path, records: Sequence[RequestRecord]) -> None:
             f.writelines(json.dumps(dataclasses.asdict(r)) + "\n" for r in records)
         os.replace(aside, path)
     except OSError as e:
-        raise UserError(f"{folder}: writing the records failed: {e}") from None
+        aside.unlink(missing_ok=True)
+        raise write_failed(path, e) from None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

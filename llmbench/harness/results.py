@@ -25,6 +25,7 @@ from typing import Any
 
 from llmbench.errors import UserError
 from llmbench.harness import plain_data
+from llmbench.harness.run_folder import write_failed
 from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spread import spread
 from llmbench.harness.yaml_source import SpecError
@@ -256,11 +257,16 @@ def to_dict(result: RunResult) -> dict[str, Any]:
 
 
 def write_results(folder: Path, result: RunResult, name: str = RESULTS_FILE) -> Path:
-    """Write `folder/name` atomically (a folder that has results.json is whole)."""
+    """Write `folder/name` atomically (a folder that has results.json is whole); a write that
+    fails (a full disk) is a `run_folder.WriteFailed` naming the file, with nothing left aside."""
     path = folder / name
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_dict(result), indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(to_dict(result), indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(path, e) from None
     return path
 
 

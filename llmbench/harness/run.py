@@ -1,24 +1,27 @@
 """`llmbench run`: the output folder checked, then every point of the spec's sweep (one when it
 has no sweep), each in this process (`run_point`) or in worker processes (`run_workers`).
 
-The folder is created and checked before anything slow (`run_folder`); `llmbench quality` of
-the run's configuration is measured once, before the workload, so every point shows it. A
-signal or an engine crash ends the sweep with the finished points' reports written. Each point
-prints its summary (on stderr for a sweep's points) and its folder; a sweep ends with its own
-report (`write_sweep_report`: a table of the points, then the sweep folder, the last line).
+The folder is claimed and checked before anything slow (`run_folder`: one that holds a run
+already is refused unless `force`); `llmbench quality` of the run's configuration is measured
+once, before the workload, so every point shows it. Each slow step is announced by a line on
+stderr before it starts (loading the model, preparing the workload), so a run says what it is
+doing within moments of its start. A signal or an engine crash ends the sweep with the finished
+points' reports written; a write that fails (a full disk) ends it at once (`WriteFailed`).
+Each point prints its summary (on stderr for a sweep's points) and its folder; a sweep ends with
+its own report (`write_sweep_report`: a table of the points, then the sweep folder, the last
+line).
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from llmbench.errors import BackendFailure
 from llmbench.harness import arrivals, failures, run_point, run_workers, shards
 from llmbench.harness.results import RESULTS_FILE
-from llmbench.harness.run_folder import prepare_folder
+from llmbench.harness.run_folder import claim_folder, default_folder, prepare_folder
+from llmbench.harness.run_point import say
 from llmbench.harness.run_signals import RunInterrupted, StopSignals
 from llmbench.harness.spec import RunSpec
 
@@ -31,6 +34,7 @@ def execute(
     is_strict: bool = False,
     shard: shards.Shard | None = None,
     write_sweep_report: Callable[[Path], object] | None = None,
+    force: bool = False,
 ) -> Path:
     """Run the spec (every sweep point) and write the run folder; returns its path.
 
@@ -39,19 +43,21 @@ def execute(
     the sweep folder once its points are done (or stopped), and prints what the caller wants
     printed (default: `write_reports`). A signal ends the run with its results saved, then
     raises `RunInterrupted`; an engine crash likewise, then re-raises its `BackendFailure`; a
-    folder that cannot be written is a `UserError` before any work. A run (or sweep point)
+    write that fails (a full disk) stops it, keeps what it can and raises `WriteFailed`. A
+    folder that cannot be written, or that holds a run already (unless `force`: that run's files
+    are removed), is a `UserError` before any work. A run (or sweep point)
     whose measured requests all failed, or with `is_strict` more of them than
     `spec.max_failed_fraction`, raises `RunFailed` once everything is written. With `shard`,
     only that shard of the schedule runs (`--shard i/N`; `llmbench merge` joins the shards).
     """
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = out_dir or Path(spec.output_dir) / f"{spec.name}-{stamp}"
-    prepare_folder(root)
+    root = out_dir or default_folder(spec.output_dir, spec.name)
+    claim_folder(root, force=force)
     quality = None
     if spec.quality is not None:  # once per run, before the workload: every point shows it
         from llmbench.harness import quality as run_quality
 
-        quality = run_quality.of_run(spec, lambda line: print(line, file=sys.stderr, flush=True))
+        say(f"quality: scoring {spec.model} as the run configures it, before the workload")
+        quality = run_quality.of_run(spec, say)
     with StopSignals() as stop:
         if not spec.load.sweep:
             folder, verdict = _execute_point(
@@ -72,10 +78,10 @@ def execute(
                     verdicts.append(f"point-{value:g}: {verdict}")
         except (RunInterrupted, BackendFailure):
             if any(root.glob(f"point-*/{RESULTS_FILE}")):
-                with stop.saving():
+                with stop.saving(root, "the sweep's reports"):
                     (write_sweep_report or write_reports)(root)
             raise
-        with stop.saving():
+        with stop.saving(root, "the sweep's reports"):
             (write_sweep_report or write_reports)(root)
     if stop.signum is not None:
         raise RunInterrupted(stop.signum)
@@ -95,6 +101,7 @@ def _execute_point(
     quality: dict | None,
 ) -> tuple[Path, str | None]:
     """One point, in worker processes when the load asks for several (and this is no shard)."""
+    say(f"{'' if point is None else f'point-{point:g}: '}loading {_what_loads(spec)}")
     if spec.load.workers > 1 and shard is None:
         return run_workers.execute_point(
             spec, folder, point, write_reports, stop, is_strict, quality
@@ -102,3 +109,13 @@ def _execute_point(
     return run_point.execute_point(
         spec, folder, point, write_reports, stop, is_strict, shard, quality
     )
+
+
+def _what_loads(spec: RunSpec) -> str:
+    """What a point opens before its roofs and workload: `synthetic:tiny (engine, float32,
+    device auto)`, `the tokenizer of smollm2-135m (openai at http://...)`."""
+    kind = spec.backend.kind
+    if kind == "openai":
+        return f"the tokenizer of {spec.model} (openai at {spec.backend.url})"
+    device = f", device {spec.device}" if kind == "engine" else ""
+    return f"{spec.model} ({kind}, {spec.dtype}{device})"

@@ -4,16 +4,21 @@ The order keeps every measurement: the hardware roofs are measured (or read from
 before the workload, with a progress line; `run-start.json` is written before the first request
 and each record is appended as it completes (`record_log`); a signal stops the workload and the
 point saves what it measured (`run_signals`); an engine crash ends it the same way, then
-re-raises. The warm-up runs once and the measured phase `spec.repeat` times (`run_repetitions`).
-`run` calls it for each point of a sweep; a worker process (`worker`) for its shard.
+re-raises. A write that fails (a full disk: a record, run-start.json, telemetry.csv) stops it
+too: every record is in memory, so the summary counts them all; results.json is written if it
+still fits, the reports are left to `llmbench report`, and a `WriteFailed` says what is on disk.
+Before each slow step (building the workload) a line on stderr says what is happening. The
+warm-up runs once and the measured phase `spec.repeat` times (`run_repetitions`). `run` calls
+it for each point of a sweep; a worker process (`worker`) for its shard.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +36,14 @@ from llmbench.harness.backends.server_log import ServerLog
 from llmbench.harness.driver import DriveOptions, Driver
 from llmbench.harness.engine_config import engine_config
 from llmbench.harness.expert_stats_file import EXPERTS_FILE, snapshots_of
-from llmbench.harness.record_log import RecordLog, read_steps, rewrite_requests
+from llmbench.harness.record_log import (
+    REQUESTS_FILE,
+    SESSIONS_FILE,
+    STEPS_FILE,
+    RecordLog,
+    read_steps,
+    rewrite_requests,
+)
 from llmbench.harness.results import (
     RESULTS_FILE,
     KVCacheInfo,
@@ -40,6 +52,7 @@ from llmbench.harness.results import (
     TelemetryInfo,
     write_results,
 )
+from llmbench.harness.run_folder import WriteFailed, write_failed
 from llmbench.harness.run_repetitions import Repetitions, salt
 from llmbench.harness.run_signals import RunInterrupted, StopSignals, signal_name
 from llmbench.harness.run_summary import START_FILE, finish
@@ -75,6 +88,7 @@ def execute_point(
     measured = run_roofs.measured_roofs(spec, backend)
     roof_setup, cost_step = run_roofs.roofline_setup(spec, backend, model_config, measured)
     tokens = Tokens(tokenizer.encode, tokenizer.decode)
+    say(f"preparing the workload: {workload_size(spec)}")
     workloads = [
         build_sessions(spec.workload, spec.seed, tokens, salt=salt(number))
         for number in range(1, spec.repeat + 1)
@@ -83,13 +97,21 @@ def execute_point(
     warmup = build_sessions(warm_spec, spec.seed, tokens, salt="warmup-")
     for stale in (RESULTS_FILE, START_FILE, EXPERTS_FILE):  # a reused folder: nothing left
         (folder / stale).unlink(missing_ok=True)
-    log = RecordLog(folder, cost_step)
+    log = RecordLog(folder, cost_step, on_error=stop.fail)  # a failed write stops the run
     if spec.backend.kind == "engine":
         backend.record_steps(log.step)
     options = DriveOptions(spec.backend.api == "chat", spec.temperature, spec.ignore_eos)
     # A mixture of experts: its routing statistics, snapshotted as each repetition starts.
     expert_log = snapshots_of(backend.engine, folder) if spec.backend.kind == "engine" else None
-    on_start = expert_log.start_repetition if expert_log is not None else None
+    on_start = None
+    if expert_log is not None:
+
+        def on_start(number: int) -> None:
+            try:
+                expert_log.start_repetition(number)
+            except OSError as e:  # its snapshot: a full disk stops the run as a record's does
+                stop.fail(write_failed(folder / EXPERTS_FILE, e))
+
     own_workloads = [shards.pick(sessions, shard) for sessions in workloads]
     repetitions = Repetitions(backend, tokenizer, options, log, own_workloads, on_start)
     spec_dict = json.loads(json.dumps(spec.to_dict()))  # plain JSON values, as read back
@@ -110,7 +132,7 @@ def execute_point(
     failure: BackendFailure | None = None
     with (
         provenance.LoadMonitor(own_pids=own_pids) as monitor,
-        Telemetry(csv_path=folder / "telemetry.csv") as telemetry,
+        _telemetry(folder / "telemetry.csv", stop) as telemetry,
     ):
         start = RunResult(
             name=spec.name,
@@ -124,7 +146,9 @@ def execute_point(
                     spec_dict,
                     spec.hash(),
                     sessions_hash(workloads[0]),
-                    provenance.device_of(spec.backend.kind, backend, spec.backend.url),
+                    provenance.device_of(
+                        spec.backend.kind, backend, spec.backend.url, spec.backend.hardware
+                    ),
                     monitor.load(),
                     measured,
                 ),
@@ -153,18 +177,23 @@ def execute_point(
                 )
             )
         except asyncio.CancelledError:
-            if stop.signum is None:
+            if stop.signum is None and stop.failed_write is None:
                 raise
         except RunInterrupted:
             pass  # a second signal during the workload: save what is there all the same
         except BackendFailure as e:
             failure = e
-    with stop.saving():
+        except WriteFailed as e:  # run-start.json
+            stop.fail(e)
+    with stop.saving(folder, "results.json and the reports"):
         if spec.backend.kind == "engine":
             backend.record_steps(None)
         repetitions.close()
         if expert_log is not None:
-            expert_log.write(repetitions.num_whole)
+            try:
+                expert_log.write(repetitions.num_whole)
+            except OSError as e:
+                stop.fail(write_failed(folder / EXPERTS_FILE, e))
         records = repetitions.records
         points = None
         if spec.backend.kind == "openai" and roof_setup is not None:
@@ -174,20 +203,32 @@ def execute_point(
                 for p in run_roofs.estimated_points(spec, model_config, own, roof_setup):
                     points.append({**p, "repetition": number})
                     log.point(points[-1])
-        log.close()
+        try:
+            log.close()
+        except WriteFailed:
+            pass  # stop.failed_write has it; the lines not written are in log.unwritten
         log_warnings: list[str] = []
         if server_log is not None:
             records, log_warnings = server_log.attach(records)
-            rewrite_requests(folder, records)
+            try:
+                rewrite_requests(folder, records)
+            except WriteFailed as e:
+                stop.fail(e)
         if stop.signum is not None:
             print("\ninterrupted: saving what was measured", file=sys.stderr)
             reason: str | None = signal_name(stop.signum)
+        elif failure is not None:
+            reason = str(failure)
+        elif stop.failed_write is not None:
+            reason = f"writing {stop.failed_write.path} failed: {stop.failed_write.reason}"
         else:
-            reason = None if failure is None else str(failure)
+            reason = None
+        if points is None:  # the steps on disk, and those a failed write kept in memory
+            points = [*read_steps(folder), *log.unwritten[STEPS_FILE]]
         result = finish(
             start,
             records,
-            read_steps(folder) if points is None else points,
+            points,
             repetitions.sessions,
             replace(
                 start.telemetry,
@@ -206,16 +247,86 @@ def execute_point(
             result = client_load.attach(result, meter.block(client))
         if quality is not None:  # `llmbench quality` of the run's configuration
             result = replace(result, summary={**result.summary, "quality": quality})
-        write_results(folder, result)
-        (folder / START_FILE).unlink(missing_ok=True)  # results.json has all it had
+        is_written = False
+        try:
+            write_results(folder, result)
+            is_written = True
+            (folder / START_FILE).unlink(missing_ok=True)  # results.json has all it had
+        except WriteFailed as e:
+            stop.fail(e)
+        stop.left_to_save("the reports")
         print(format_summary(result), file=sys.stderr if point is not None else sys.stdout)
-        write_reports(folder)
+        if stop.failed_write is None:  # else the disk is full: `llmbench report` later
+            try:
+                write_reports(folder)
+            except OSError as e:  # the disk filled up with the figures
+                path = Path(e.filename) if e.filename else folder / "report.html"
+                stop.fail(write_failed(path, e))
         print(folder, flush=True)
     if failure is not None:
         raise failure
+    if stop.failed_write is not None:
+        kept = _what_was_kept(folder, log, is_written, stop.failed_write.fix)
+        raise stop.failed_write.with_outcome(kept)
     if stop.signum is not None:
         raise RunInterrupted(stop.signum)
     return folder, failures.failure_verdict(result.summary, spec.max_failed_fraction, is_strict)
+
+
+def say(line: str) -> None:
+    """A progress line on stderr, out at once: what the run is doing (before each slow step)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def workload_size(spec: RunSpec) -> str:
+    """What the workload expands to, for the line before it is built: `4 rag sessions and 1
+    warm-up` (`2 repetitions of 4 rag sessions, and 1 warm-up` with `repeat`)."""
+    sessions = f"{spec.workload.sessions:,} {spec.workload.kind} sessions"
+    if spec.repeat > 1:
+        sessions = f"{spec.repeat} repetitions of {sessions},"
+    return f"{sessions} and {spec.warmup_requests:,} warm-up"
+
+
+@contextlib.contextmanager
+def _telemetry(path: Path, stop: StopSignals) -> Iterator[Telemetry]:
+    """Telemetry sampled into the CSV at `path`; a write of it that fails stops the run as a
+    record's does (`StopSignals.fail`)."""
+    telemetry = Telemetry(csv_path=path)
+    try:
+        telemetry.__enter__()
+    except OSError as e:
+        raise write_failed(path, e) from None
+    try:
+        yield telemetry
+    finally:
+        try:
+            telemetry.__exit__(None, None, None)
+        except OSError as e:  # closing flushes the last rows
+            stop.fail(write_failed(path, e))
+
+
+def _what_was_kept(folder: Path, log: RecordLog, is_results_written: bool, fix: str) -> str:
+    """How a run stopped by a failed write ends its line: the records on disk, results.json,
+    and what to do."""
+    counts = []
+    for name, what in (
+        (REQUESTS_FILE, "request"),
+        (STEPS_FILE, "step"),
+        (SESSIONS_FILE, "session"),
+    ):
+        total = log.num_written[name] + len(log.unwritten[name])
+        if total:
+            counts.append(f"{log.num_written[name]:,} of {total:,} {what} records")
+    kept = f"on disk {', '.join(counts)}" if counts else "no record made"
+    then = f"{fix}, then llmbench report {folder}"
+    if is_results_written:
+        return f"the run stopped; {kept}; results.json written; {then} writes the reports"
+    if (folder / START_FILE).is_file():
+        return (
+            f"the run stopped; {kept}; results.json not written (the summary above counts "
+            f"every record); {then} rebuilds it from the records on disk"
+        )
+    return f"the run stopped; {kept}; results.json not written; {fix} and run again"
 
 
 def _open_backend(spec: RunSpec):
@@ -224,7 +335,8 @@ def _open_backend(spec: RunSpec):
     if spec.backend.kind == "engine":
         from llmbench.harness.backends.engine import EngineBackend
 
-        backend = EngineBackend(engine_config(spec.model, spec.dtype, spec.device, spec.engine))
+        config = engine_config(spec.model, spec.dtype, spec.device, spec.engine, run=spec)
+        backend = EngineBackend(config)
         return backend, backend.engine.tokenizer, backend.engine.model_config
     if spec.backend.kind == "openai":
         from llmbench.engine.weights import open_weights
@@ -336,7 +448,7 @@ async def _measure(
     elif load.kind == "gamma":
         offsets = arrivals.gamma_offsets(rate, load.burstiness, n, spec.seed)
     else:
-        offsets = arrivals.trace_offsets(Path(load.trace))[:n]
+        offsets = arrivals.trace_offsets(Path(load.trace), max_requests=n)
     offsets = shards.pick(offsets, shard)
     sessions = sessions[: len(offsets)]  # a trace shorter than the workload
     await driver.run_open_loop(sessions, offsets, start_at)

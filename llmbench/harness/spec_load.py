@@ -9,6 +9,11 @@ the `--set` that made it: `--set load.rate_per_s=-1: load.rate_per_s: must be > 
 A `--set` of a section's kind (`load.kind=concurrency` over a poisson load) drops the keys of
 the section the new kind has no field for, with a note on stderr naming them; a YAML that mixes
 the keys of two kinds is still an error.
+
+What a spec expands to is bounded before anything is built (`_check_limits`: sessions, turns,
+tokens, documents, delays, repetitions, sweep points, the text of the whole workload), each
+refused with the limit named: `workload.sessions: at most 100,000 (a limit of llmbench), got
+10,000,000`; so is YAML that is more than plain data (an alias bomb, `yaml_source`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 import yaml
 
 from llmbench.errors import UserError
-from llmbench.harness import shards
+from llmbench.harness import shards, workloads
+from llmbench.harness.arrivals import MAX_SWEEP_POINTS
 from llmbench.harness.metrics import SLO_METRICS
 from llmbench.harness.plain_data import from_plain
 from llmbench.harness.spec import (
@@ -41,7 +47,7 @@ from llmbench.harness.spec import (
     TraceLoad,
     WorkloadSpec,
 )
-from llmbench.harness.yaml_source import SpecError, located, read_yaml
+from llmbench.harness.yaml_source import MAX_BYTES, SpecError, check_plain, located, read_yaml
 from llmbench.roofline.cost_model import BYTES_PER_ELEM
 from llmbench.roofline.datasheets import HARDWARE, datasheet, link_bandwidth
 
@@ -110,6 +116,11 @@ def read_spec_data(
     """A workload YAML as plain data with the `key.path=value` overrides set, in order (not yet
     checked); `say` gets a note for each override that switches a kind and drops keys."""
     try:
+        if path.stat().st_size > MAX_BYTES:  # not read at all: a spec is a few KB
+            raise UserError(
+                f"{path}: {path.stat().st_size:,} bytes, over the {MAX_BYTES:,} llmbench reads "
+                "of a spec; give a workload YAML"
+            )
         text = path.read_text()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror}); give a workload YAML") from None
@@ -145,7 +156,8 @@ def split_override(text: str, option: str, form: str = "key.path=value") -> tupl
 
 def override_value(raw: str, where: str) -> Any:
     """An override's value read as YAML (`8`, `true`, `int4:64`, `{k: int8, v: int4}`); nothing:
-    null. Malformed YAML is one line naming `where`."""
+    null. Malformed YAML, or more than plain data (an alias), is one line naming `where`."""
+    check_plain(raw, where, has_lines=False)
     try:
         return yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as e:
@@ -246,9 +258,10 @@ def _fields_by_kind(union: Any) -> dict[str, set[str]]:
 
 
 def _check(spec: RunSpec) -> None:
-    """Values that are well-typed but impossible."""
+    """Values that are well-typed but impossible, or beyond what llmbench expands."""
     _check_workload(spec.workload)
     _check_load(spec.load)
+    _check_limits(spec)
     if spec.load.workers < 1:
         raise SpecError("load.workers", f"must be >= 1, got {spec.load.workers}")
     why = shards.problem(spec.backend.kind, spec.load, spec.workload.sessions, spec.load.workers)
@@ -297,6 +310,75 @@ def _check(spec: RunSpec) -> None:
             raise SpecError(f"slo.{key}", f"unknown SLO; use {', '.join(SLO_METRICS)}")
         if limit <= 0:
             raise SpecError(f"slo.{key}", f"must be > 0, got {limit}")
+
+
+MAX_REPEAT = 100  # repetitions of the measured phase: each builds its own workload
+
+# The limit of each workload distribution that is no token count (`workloads.MAX_TOKENS`).
+_DIST_LIMITS = {
+    "turns": workloads.MAX_TURNS,
+    "tool_steps": workloads.MAX_TURNS,
+    "think_time_s": workloads.MAX_DELAY_S,
+    "tool_latency_s": workloads.MAX_DELAY_S,
+}
+
+
+def _check_limits(spec: RunSpec) -> None:
+    """What the spec expands to, within llmbench's limits (`workloads.MAX_*`, `MAX_REPEAT`,
+    `arrivals.MAX_SWEEP_POINTS`): far past a real benchmark, but a bound on the memory and the
+    time of building the workload before the first request. A distribution is checked by the
+    largest value it draws (`workloads.upper_bound`; a normal or lognormal without a `max` by
+    its mean, and a draw beyond the limit is clipped to it)."""
+    w = spec.workload
+    limits = {
+        "workload.sessions": (w.sessions, workloads.MAX_SESSIONS),
+        "warmup_requests": (spec.warmup_requests, workloads.MAX_SESSIONS),
+        "repeat": (spec.repeat, MAX_REPEAT),
+        "workload.system_prompt_tokens": (w.system_prompt_tokens, workloads.MAX_TOKENS),
+        "load.sweep": (len(spec.load.sweep or ()), MAX_SWEEP_POINTS),
+    }
+    if isinstance(w, RagWorkload):
+        limits["workload.num_documents"] = (w.num_documents, workloads.MAX_DOCUMENTS)
+        limits["workload.zipf_s"] = (w.zipf_s, workloads.MAX_ZIPF_S)
+    if isinstance(w, AgenticWorkload):
+        limits["workload.tool_schema_tokens"] = (w.tool_schema_tokens, workloads.MAX_TOKENS)
+    if spec.quality is not None:
+        for name in ("tokens", "context", "generate"):
+            limits[f"quality.{name}"] = (getattr(spec.quality, name), workloads.MAX_TOKENS)
+    for f in dataclasses.fields(w):
+        value = getattr(w, f.name)
+        if isinstance(value, Dist):
+            limit = _DIST_LIMITS.get(f.name, workloads.MAX_TOKENS)
+            limits[f"workload.{f.name}"] = (workloads.upper_bound(value), limit)
+    for path, (value, limit) in limits.items():
+        if not value <= limit:  # NaN too
+            unit = " points" if path == "load.sweep" else ""
+            reason = f"at most {_number(limit)}{unit} (a limit of llmbench), got {_number(value)}"
+            raise SpecError(path, reason)
+    copies = spec.repeat * w.sessions + spec.warmup_requests
+    if isinstance(w, RagWorkload):
+        draws = workloads.document_draws(w)
+        if copies * draws * w.num_documents > workloads.MAX_DOCUMENT_SCANS:
+            raise SpecError(
+                "workload.docs_per_query",
+                f"{w.docs_per_query} distinct documents of {w.num_documents} under zipf_s "
+                f"{w.zipf_s:g} take about {draws:,.0f} draws a query, each over every document: "
+                f"for {copies:,} queries, over the {workloads.MAX_DOCUMENT_SCANS:,} of llmbench's "
+                "limit; lower docs_per_query or zipf_s, or raise num_documents",
+            )
+    total = workloads.workload_tokens(w, copies)
+    if total > workloads.MAX_WORKLOAD_TOKENS:
+        raise SpecError(
+            "workload.sessions",
+            f"the workload makes up to {total:,} tokens of text ({copies:,} sessions, warm-up and "
+            f"every repetition included), over the {workloads.MAX_WORKLOAD_TOKENS:,} of "
+            "llmbench's limit; use fewer sessions or shorter texts",
+        )
+
+
+def _number(value: float) -> str:
+    """`10,000,000`, `0.5`: a limit or a value in a limit's line."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,g}"
 
 
 def _check_headers(backend: BackendSpec) -> None:

@@ -22,6 +22,21 @@ from llmbench.errors import UserError
 from llmbench.harness.records import Tool
 from llmbench.harness.spec import AgenticWorkload, ChatWorkload, Dist, RagWorkload, WorkloadSpec
 
+# What a workload may expand to: past any real benchmark, but a bound on the memory and the time
+# of building it (here about 1 ms and 1 KB per session of 3 turns of 64 tokens: text is made at
+# some 200,000 tokens/s). `spec_load` refuses a spec beyond them, naming the limit; a normal or
+# lognormal draw beyond one (its tail) is clipped to it.
+MAX_SESSIONS = 100_000  # sessions of one repetition (and warm-up requests)
+MAX_TURNS = 1_000  # a chat session's turns, an agentic session's tool steps
+MAX_TOKENS = 1_000_000  # one text or one reply (a prompt part, max_tokens)
+MAX_DOCUMENTS = 10_000  # a rag corpus (each document drawn scans them all: ~20 ns each)
+MAX_ZIPF_S = 10.0  # a rag corpus' popularity skew (10: all but the first few never drawn)
+# Documents drawn for every rag query (`document_draws`) x the corpus: each draw scans every
+# document's weight (~20 ns each here), so this is about 2 minutes of drawing.
+MAX_DOCUMENT_SCANS = 5_000_000_000
+MAX_DELAY_S = 3_600.0  # one think time or tool latency
+MAX_WORKLOAD_TOKENS = 100_000_000  # all the text a run makes, every repetition (~0.5 GB)
+
 _WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at which "
     "but have an they you were her she there been one all we their has would when if so no will "
@@ -110,9 +125,61 @@ def draw(dist: Dist, rng: random.Random) -> float:
     return max(value, 0.0)
 
 
-def draw_count(dist: Dist, rng: random.Random) -> int:
-    """A token or turn count: a sample rounded to an integer, at least 1."""
-    return max(1, round(draw(dist, rng)))
+def draw_count(dist: Dist, rng: random.Random, limit: int = MAX_TOKENS) -> int:
+    """A token or turn count: a sample rounded to an integer, at least 1 and at most `limit`
+    (`MAX_TOKENS`; `MAX_TURNS` for turns)."""
+    return min(limit, max(1, round(draw(dist, rng))))
+
+
+def draw_delay(dist: Dist, rng: random.Random) -> float:
+    """A think time or tool latency, in seconds: a sample, at most `MAX_DELAY_S`."""
+    return min(MAX_DELAY_S, draw(dist, rng))
+
+
+def upper_bound(dist: Dist) -> float:
+    """The largest value `dist` draws (`max` when given), or for a normal or lognormal without
+    a `max`, its mean: what a spec is checked against, and what `workload_tokens` counts."""
+    if dist.dist == "fixed":
+        return dist.value
+    if dist.dist == "empirical":
+        return max(dist.values)
+    if dist.max is not None:
+        return dist.max
+    return dist.mean
+
+
+def document_draws(spec: RagWorkload) -> float:
+    """About how many draws `_rag_turns` makes, at most, to find one query's `docs_per_query`
+    distinct documents: the k-th new one takes 1 / (1 − P_k) draws on average, P_k the share
+    of popularity the documents already drawn hold, at most that of the k most popular."""
+    weights = [1.0 / (i + 1) ** spec.zipf_s for i in range(spec.num_documents)]  # decreasing
+    total, taken, draws = sum(weights), 0.0, 0.0
+    for k in range(min(spec.docs_per_query, len(weights))):
+        left = total - taken
+        draws += total / left if left > 0 else math.inf
+        taken += weights[k]
+    return draws
+
+
+def workload_tokens(spec: WorkloadSpec, num_sessions: int) -> int:
+    """The tokens of text building `num_sessions` sessions of `spec` makes, at most (normal and
+    lognormal lengths without a `max` count their mean): the shared prompt, schemas and corpus
+    once, each session's own texts once per session."""
+
+    def count(dist: Dist, limit: int = MAX_TOKENS) -> int:
+        return min(limit, max(1, round(upper_bound(dist))))
+
+    shared = spec.system_prompt_tokens
+    own = count(spec.user_tokens)
+    if isinstance(spec, ChatWorkload):
+        own *= count(spec.turns, MAX_TURNS)
+    elif isinstance(spec, RagWorkload):
+        shared += spec.num_documents * count(spec.document_tokens)
+    else:
+        shared += spec.tool_schema_tokens
+        steps = min(MAX_TURNS, round(upper_bound(spec.tool_steps)))
+        own += steps * (count(spec.tool_result_tokens) + _QUERY_TOKENS)
+    return shared + num_sessions * own
 
 
 @dataclass(frozen=True)
@@ -253,8 +320,8 @@ def _chat_turns(
     spec: ChatWorkload, shape: random.Random, text: random.Random, tokens: Tokens
 ) -> list[Turn]:
     turns = []
-    for k in range(draw_count(spec.turns, shape)):
-        delay = draw(spec.think_time_s, shape) if k else 0.0
+    for k in range(draw_count(spec.turns, shape, MAX_TURNS)):
+        delay = draw_delay(spec.think_time_s, shape) if k else 0.0
         turns.append(
             Turn(
                 tokens.text(draw_count(spec.user_tokens, shape), text),
@@ -296,12 +363,12 @@ def _agentic_turns(
     `tools` (`tools_as: api`) each step also names the call the previous reply made."""
     task = tokens.text(draw_count(spec.user_tokens, shape), text)
     turns = [Turn(task, draw_count(spec.output_tokens, shape), 0.0)]
-    num_steps = round(draw(spec.tool_steps, shape))
+    num_steps = min(MAX_TURNS, round(draw(spec.tool_steps, shape)))
     for step in range(num_steps):
         result = tokens.text(draw_count(spec.tool_result_tokens, shape), text)
         is_last = step == num_steps - 1
         max_tokens = draw_count(spec.final_output_tokens if is_last else spec.output_tokens, shape)
-        delay_s = draw(spec.tool_latency_s, shape)
+        delay_s = draw_delay(spec.tool_latency_s, shape)
         if tools is None:
             turns.append(Turn(f"Tool result:\n{result}", max_tokens, delay_s, is_tool_result=True))
             continue

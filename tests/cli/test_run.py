@@ -129,8 +129,8 @@ def test_kill_9_leaves_the_records_and_report_rebuilds_the_summary(tmp_path):
     assert result.returncode == 0, result.stderr
     completed = sum(1 for r in records if not r["is_warmup"] and r["error"] is None)
     assert result.stderr.strip() == (
-        f"{out}: no results.json (the run was killed): rebuilt it from requests.jsonl and "
-        f"steps.jsonl ({completed} requests completed)"
+        f"{out}: no results.json (the run was killed, or could not write it): rebuilt it from "
+        f"requests.jsonl and steps.jsonl ({completed} requests completed)"
     )
     results = json.loads((out / "results.json").read_text())
     assert results["is_rebuilt"] is True and results["interrupted"] is True
@@ -541,3 +541,92 @@ def test_a_set_kind_and_a_sweep_say_what_was_dropped_and_end_with_a_table_and_th
     # Each point's own summary is on stderr; stdout holds the folders and the table.
     assert result.stderr.count(" requests completed, ") == 2
     assert lines[:2] == [str(out / "point-1"), str(out / "point-2")]
+
+
+def test_an_out_that_holds_a_run_is_refused_and_force_replaces_it(tmp_path):
+    """`--out base1` twice replaced 21 records with 12 without a word; now the second run is
+    one line, exit 2, before any work, and `--force` replaces the run (only its files)."""
+    out = tmp_path / "base1"
+    out.mkdir()
+    old_records = "".join(f'{{"old": {i}}}\n' for i in range(21))
+    (out / "requests.jsonl").write_text(old_records)
+    (out / "notes.txt").write_text("mine\n")
+    run = ["run", "rag", *TINY, *SMALL["rag"], "--out", str(out)]
+    refused = llmbench(*run)
+    assert_user_error(refused)
+    assert refused.stderr.strip() == (
+        f"error: --out {out}: holds a run already (requests.jsonl); pass --force to replace "
+        "it, or another folder"
+    )
+    assert (out / "requests.jsonl").read_text() == old_records  # untouched
+    replaced = llmbench(*run, "--force")
+    assert replaced.returncode == 0, replaced.stderr
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 1 + 4  # the new run's
+    assert (out / "notes.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "args", "held"),
+    [
+        ("point-1/results.json", ["--set", "load.sweep=[1,2]"], "point-1/"),
+        ("variants.json", ["--vary", "seed=1,2"], "variants.json"),
+    ],
+)
+def test_a_sweep_or_variants_root_that_holds_a_run_is_refused(tmp_path, old, args, held):
+    out = tmp_path / "root"
+    (out / old).parent.mkdir(parents=True, exist_ok=True)
+    (out / old).write_text("{}\n")
+    result = llmbench("run", "rag", *TINY, *SMALL["rag"], *args, "--out", str(out))
+    assert_user_error(result, f"--out {out}: holds a run already ({held}); pass --force")
+
+
+# The disk fills up from outside: this wrapper gives requests.jsonl room for 3 lines (the
+# warm-up and 2 measured requests), then every write fails as on a full disk (ENOSPC), with
+# 0 bytes free; then it runs the real CLI. No file of the project is changed.
+FULL_DISK = """
+import errno, shutil, sys, types
+from llmbench.harness import record_log
+real, state = record_log._write, {"left": 3, "full": False}
+def write(f, data):
+    if state["full"]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    if not f.name.endswith("requests.jsonl"):
+        return real(f, data)
+    lines = data.splitlines(keepends=True)
+    fits = lines[: state["left"]]
+    real(f, b"".join(fits))
+    state["left"] -= len(fits)
+    if len(fits) < len(lines):
+        state["full"] = True
+        raise OSError(errno.ENOSPC, "No space left on device")
+record_log._write = write
+shutil.disk_usage = lambda path: types.SimpleNamespace(total=204800, used=204800, free=0)
+from llmbench.cli.main import main
+sys.argv = ["llmbench", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_full_disk_is_one_line_exit_1_and_the_run_stops(tmp_path):
+    """Before: the progress said 12/12, 0 errors, then an OSError traceback, exit 1, no
+    results.json. Now the first failed write stops the run: one line naming the file, the space
+    left and what was kept, exit 1; the summary of every request is still printed."""
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, "run", "agentic", *TINY, *SMALL["agentic"]]
+        + ["--set", "load.concurrency=1", "--set", "workload.tool_latency_s=0.2"]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=NO_HANG_S,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "12/12 requests" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0] == result.stderr.strip().splitlines()[-1]
+    assert errors[0].startswith(
+        f"error: {out / 'requests.jsonl'}: cannot write (No space left on device; 0 B free "
+        "there); the run stopped; on disk 3 of "
+    )
+    assert "requests completed" in result.stdout  # the summary, from the records in memory
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 3

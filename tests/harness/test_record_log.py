@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
+import threading
 import time
 from types import SimpleNamespace
 
@@ -13,6 +16,7 @@ from llmbench.harness import record_log
 from llmbench.harness.driver import SessionStats
 from llmbench.harness.record_log import RecordLog
 from llmbench.harness.records import RequestRecord, ServerTimings
+from llmbench.harness.run_folder import WriteFailed
 
 
 def a_record(i: int) -> RequestRecord:
@@ -135,8 +139,9 @@ def test_rewritten_requests_replace_the_file_whole(tmp_path):
         "sessions.jsonl",
         "steps.jsonl",
     ]  # nothing left aside
-    with pytest.raises(UserError, match=f"{tmp_path / 'gone'}: writing the records failed: "):
-        record_log.rewrite_requests(tmp_path / "gone", [timed])
+    gone = tmp_path / "gone"
+    with pytest.raises(WriteFailed, match=f"^{gone / 'requests.jsonl'}: cannot write \\(No such"):
+        record_log.rewrite_requests(gone, [timed])
 
 
 # The fields of a requests.jsonl line before server timings were recorded.
@@ -158,3 +163,70 @@ def test_a_line_from_before_server_timings_reads_with_the_defaults(tmp_path):
         None,
         False,
     )
+
+
+class DiskFull:
+    """A disk with room for `num_lines` more lines of the record file `name` (of any, when
+    None), as `record_log._write`: the line after them goes out in part, then the write fails
+    as a full disk's does (ENOSPC), and from then on every write does (`is_full`)."""
+
+    def __init__(self, num_lines: int, name: str | None = None):
+        self.left, self.name, self.is_full = num_lines, name, False
+        self.real = record_log._write
+
+    def __call__(self, f, data: bytes) -> None:
+        if self.is_full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if self.name is not None and not f.name.endswith(self.name):
+            return self.real(f, data)
+        lines = data.splitlines(keepends=True)
+        fits = lines[: self.left]
+        self.real(f, b"".join(fits))
+        self.left -= len(fits)
+        if len(fits) < len(lines):
+            self.real(f, lines[len(fits)][:7])  # half a line reaches the disk
+            self.is_full = True
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return None
+
+
+def no_space_left(monkeypatch) -> None:
+    """shutil.disk_usage says the disk (200 KiB) is full."""
+    usage = SimpleNamespace(total=200 * 1024, used=200 * 1024, free=0)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
+
+
+def test_a_full_disk_keeps_whole_lines_on_disk_and_the_rest_in_memory(tmp_path, monkeypatch):
+    """Room for 3 lines: requests 1-3 are on disk whole (the 4th, cut in half, is cut off
+    again), 4 and 5 are kept in memory, the failure is raised once, naming the file and the
+    free space, and the run is told at once (`on_error`, from the writer thread)."""
+    monkeypatch.setattr(record_log, "_write", DiskFull(3))
+    no_space_left(monkeypatch)
+    told = []
+    log = RecordLog(tmp_path, on_error=lambda e: told.append((e, threading.current_thread())))
+    for i in range(1, 6):
+        log.request(a_record(i))
+    log.session(SessionStats("s1", num_requests=1))
+    with pytest.raises(WriteFailed) as failed:
+        log.close()
+    path = tmp_path / "requests.jsonl"
+    assert str(failed.value) == (
+        f"{path}: cannot write (No space left on device; 0 B free there); free some space and "
+        "try again"
+    )
+    assert (failed.value.path, failed.value.free_bytes) == (path, 0)
+    [(error, thread)] = told
+    assert error is failed.value and thread.name == "llmbench-records"
+    assert path.read_text().endswith("\n")  # whole lines only
+    assert [r.request_id for r in record_log.read_requests(tmp_path)] == ["s1-t0", "s2-t0", "s3-t0"]
+    assert log.num_written == {"requests.jsonl": 3, "steps.jsonl": 0, "sessions.jsonl": 0}
+    unwritten = log.unwritten["requests.jsonl"]
+    assert [row["request_id"] for row in unwritten] == ["s4-t0", "s5-t0"]
+    assert [row["session_id"] for row in log.unwritten["sessions.jsonl"]] == ["s1"]
+    assert (tmp_path / "sessions.jsonl").read_text() == ""  # nothing after the failure
+
+
+def test_a_folder_where_the_log_cannot_open_its_files_is_one_line(tmp_path):
+    (tmp_path / "steps.jsonl").mkdir()  # a folder where a file goes: open() fails
+    with pytest.raises(WriteFailed, match=f"^{tmp_path / 'steps.jsonl'}: cannot write \\(Is a"):
+        RecordLog(tmp_path)

@@ -4,6 +4,7 @@ engine crash in the middle of a run (in-process, through the harness entry point
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -585,3 +586,186 @@ def test_a_quantised_kv_cache_is_recorded_with_its_real_bytes_and_its_quality(tm
     assert "perplexity (weights as loaded, kv k=int8,v=int4)" in page
     assert "vs unquantised: KL / top-1 / greedy" in page
     assert "keys int8, values int4: 112 B/token, 8,928 tokens" in page
+
+
+def agentic_spec(*sets: str):
+    """The shipped agentic workload, tiny: 3 sessions of 4 turns one at a time, 0.2 s of tool
+    time between turns (a run of a few seconds), plus `sets` (`key=value`)."""
+    from llmbench.harness.spec_load import load_spec
+    from llmbench.workloads import __file__ as workloads_init
+
+    overrides = [o for o in [*TINY, *SMALL["agentic"]] if o != "--set"]
+    overrides += ["load.concurrency=1", "workload.tool_latency_s=0.2", *sets]
+    return load_spec(Path(workloads_init).parent / "agentic.yaml", overrides)
+
+
+@pytest.mark.parametrize("is_results_written", [True, False])
+def test_a_full_disk_stops_the_run_and_keeps_what_it_measured(
+    tmp_path, monkeypatch, is_results_written
+):
+    """The disk fills up after 3 lines of requests.jsonl (the warm-up and 2 measured requests):
+    the run stops at once (before: it ran to its end, then an OSError traceback and no
+    results.json), requests.jsonl holds those 3 whole lines, and the `WriteFailed` names the
+    file, the space left and what was kept. When results.json still fits it counts every
+    request (they are in memory); when it does not, run-start.json stays and `llmbench report`
+    rebuilds it from the records on disk once there is room."""
+    import pathlib
+
+    from llmbench.harness import record_log, run_summary
+    from llmbench.harness.run import execute
+    from llmbench.harness.run_folder import WriteFailed
+    from tests.harness.test_record_log import DiskFull, no_space_left
+
+    disk = DiskFull(3, "requests.jsonl")
+    monkeypatch.setattr(record_log, "_write", disk)
+    no_space_left(monkeypatch)
+    if not is_results_written:  # results.json too (after the disk filled up)
+        write_text = pathlib.Path.write_text
+
+        def full_write_text(path, *args, **kwargs):
+            if disk.is_full:
+                raise OSError(28, "No space left on device")
+            return write_text(path, *args, **kwargs)
+
+        monkeypatch.setattr(pathlib.Path, "write_text", full_write_text)
+    out, reported = tmp_path / "run", []
+    with pytest.raises(WriteFailed) as failed:
+        execute(agentic_spec(), out, reported.append)
+    line = str(failed.value)
+    requests = out / "requests.jsonl"
+    assert line.startswith(
+        f"{requests}: cannot write (No space left on device; 0 B free there); the run stopped; "
+        "on disk 3 of "
+    )
+    assert [r.is_warmup for r in record_log.read_requests(out)] == [True, False, False]
+    assert requests.read_text().count("\n") == 3  # whole lines: the cut one was cut off
+    num_steps = len((out / "steps.jsonl").read_text().splitlines())
+    counts = re.search(r"on disk 3 of (\d+) request records, (\d+) of (\d+) step records", line)
+    assert counts and int(counts[2]) == num_steps
+    num_records = int(counts[1])
+    assert 4 <= num_records < 1 + 3 * 4  # the 4th request ended, the run then stopped
+    assert reported == []  # no reports on a full disk: `llmbench report` later
+    if is_results_written:
+        assert line.endswith(
+            f"; results.json written; free some space, then llmbench report {out} writes the "
+            "reports"
+        )
+        results = json.loads((out / "results.json").read_text())
+        summary = results["summary"]
+        assert summary["num_completed"] + summary["num_failed"] == num_records - 1  # no warm-up
+        assert results["interrupted"] is True
+        assert results["stop_reason"] == (f"writing {requests} failed: No space left on device")
+        assert not (out / "run-start.json").exists()
+    else:
+        assert line.endswith(
+            "; results.json not written (the summary above counts every record); free some "
+            f"space, then llmbench report {out} rebuilds it from the records on disk"
+        )
+        assert not (out / "results.json").exists() and (out / "run-start.json").is_file()
+        assert not list(out.glob("*.tmp"))  # nothing half-written left to take space
+        monkeypatch.undo()  # space freed
+        rebuilt = run_summary.rebuild(out)
+        assert rebuilt.summary["num_completed"] + rebuilt.summary["num_failed"] == 2
+
+
+def test_a_folder_that_holds_a_run_is_refused_before_any_work(tmp_path, monkeypatch):
+    """`--out base1` twice: the second run is refused (before: its records replaced the
+    first's, 21 became 12); `force` removes that run's files, and only those."""
+    from llmbench.errors import UserError
+    from llmbench.harness import run_point
+    from llmbench.harness.run import execute
+    from llmbench.harness.run_folder import claim_folder
+
+    def no_work(spec):
+        raise AssertionError("the backend was opened")
+
+    monkeypatch.setattr(run_point, "_open_backend", no_work)
+    out = tmp_path / "base1"
+    (out / "point-2").mkdir(parents=True)
+    for name in ("requests.jsonl", "results.json", "notes.txt"):
+        (out / name).write_text("x\n")
+    with pytest.raises(UserError) as refused:
+        execute(agentic_spec(), out, print)
+    assert str(refused.value) == (
+        f"--out {out}: holds a run already (results.json, requests.jsonl, point-2/); pass "
+        "--force to replace it, or another folder"
+    )
+    assert (out / "requests.jsonl").read_text() == "x\n"  # untouched
+    claim_folder(out, force=True)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # the user's own file stays
+    claim_folder(out)  # a folder without a run is used as it is
+    claim_folder(tmp_path / "new" / "folder")  # as is one that does not exist yet
+
+
+def test_run_folder_names_every_file_a_run_writes():
+    """`RUN_FILES` (what `--force` removes, what marks a folder as a run's) spells the names
+    the writers use."""
+    from llmbench.harness import record_log, run_folder, run_summary, variant_index
+    from llmbench.harness.expert_stats_file import EXPERTS_FILE
+    from llmbench.harness.results import RESULTS_FILE
+
+    names = {RESULTS_FILE, run_summary.START_FILE, EXPERTS_FILE, variant_index.INDEX_FILE}
+    names |= {record_log.REQUESTS_FILE, record_log.STEPS_FILE, record_log.SESSIONS_FILE}
+    assert names <= set(run_folder.RUN_FILES)
+
+
+def test_the_default_folder_of_a_run_never_takes_another_runs(tmp_path, monkeypatch):
+    """Two runs without --out in the same second: the second gets `-2`, not the first's."""
+    from llmbench.harness import run_folder
+
+    monkeypatch.setattr(run_folder.time, "strftime", lambda form: "20250101-120000")
+    first = run_folder.default_folder(str(tmp_path), "chat")
+    assert first == tmp_path / "chat-20250101-120000"
+    first.mkdir()
+    assert run_folder.default_folder(str(tmp_path), "chat") == first  # empty: still free
+    (first / "requests.jsonl").write_text("")
+    assert run_folder.default_folder(str(tmp_path), "chat") == tmp_path / "chat-20250101-120000-2"
+
+
+def test_a_run_says_what_it_does_before_each_slow_step(tmp_path, monkeypatch, capsys):
+    """Before the model loads and before the workload is built (10,000,000 sessions took
+    minutes with no line at all), a line on stderr says what is happening: checked by what
+    stderr holds when each slow step is called."""
+    from types import SimpleNamespace
+
+    from llmbench.harness import run_point, run_roofs
+    from llmbench.harness.run import execute
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def open_backend(spec):
+        seen["loading"] = capsys.readouterr().err
+        tokenizer = SimpleNamespace(encode=lambda text: [0], decode=lambda ids: "")
+        return SimpleNamespace(), tokenizer, None
+
+    def build_sessions(*args, **kwargs):
+        seen["building"] = capsys.readouterr().err
+        raise Stop
+
+    monkeypatch.setattr(run_point, "_open_backend", open_backend)
+    monkeypatch.setattr(run_roofs, "measured_roofs", lambda spec, backend: None)
+    monkeypatch.setattr(run_roofs, "roofline_setup", lambda *args: (None, None))
+    monkeypatch.setattr(run_point, "build_sessions", build_sessions)
+    with pytest.raises(Stop):
+        execute(agentic_spec("repeat=2"), tmp_path / "run", print)
+    assert seen["loading"] == "loading synthetic:tiny (engine, float32, device auto)\n"
+    assert seen["building"] == (
+        "preparing the workload: 2 repetitions of 3 agentic sessions, and 1 warm-up\n"
+    )
+
+
+def test_a_trace_is_read_up_to_the_sessions_the_run_sends(tmp_path):
+    """A run of n sessions reads the first n lines of its trace (at most
+    `MAX_TRACE_REQUESTS`): what follows is never read, so a long trace costs nothing."""
+    from llmbench.errors import UserError
+    from llmbench.harness import arrivals
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 10}\n\n{"timestamp": 10.5}\n{"timestamp": 12}\nnot json\n')
+    assert arrivals.trace_offsets(trace, max_requests=2) == [0.0, 0.5]
+    assert arrivals.trace_offsets(trace, max_requests=3) == [0.0, 0.5, 2.0]
+    with pytest.raises(UserError, match=r"line 5: not valid JSON"):
+        arrivals.trace_offsets(trace)

@@ -224,3 +224,115 @@ def test_a_mistake_the_file_made_keeps_its_line(tmp_path):
 def test_a_set_list_with_brackets_loads():
     spec = load_spec(CHAT, ["load.sweep=[1,2]"])
     assert spec.load.sweep == (1.0, 2.0)
+
+
+RAG = SHIPPED / "rag.yaml"
+AGENTIC = SHIPPED / "agentic.yaml"
+SWEEP_101 = "load.sweep=[" + ",".join(str(v) for v in range(1, 102)) + "]"
+M = "1,000,000"  # tokens in one text or reply
+
+
+@pytest.mark.parametrize(
+    ("path", "override", "limit", "got"),
+    [
+        (CHAT, "workload.sessions=10000000", "100,000", "10,000,000"),
+        (CHAT, "warmup_requests=100001", "100,000", "100,001"),
+        (CHAT, "repeat=101", "100", "101"),
+        (CHAT, SWEEP_101, "100 points", "101"),
+        (CHAT, "workload.turns=1001", "1,000", "1,001"),
+        (CHAT, "workload.user_tokens={dist: uniform, min: 1, max: 2000000}", M, "2,000,000"),
+        (CHAT, "workload.output_tokens={dist: empirical, values: [8, 1000001]}", M, "1,000,001"),
+        (CHAT, "workload.user_tokens={dist: lognormal, mean: 2000000, sigma: 1}", M, "2,000,000"),
+        (CHAT, "workload.user_tokens={dist: fixed, value: .nan}", "1,000,000", "nan"),
+        (CHAT, "workload.think_time_s=3600.5", "3,600", "3,600.5"),
+        (CHAT, "workload.system_prompt_tokens=1000001", "1,000,000", "1,000,001"),
+        (RAG, "workload.num_documents=10001", "10,000", "10,001"),
+        (RAG, "workload.zipf_s=11", "10", "11"),
+        (AGENTIC, "workload.tool_steps=1001", "1,000", "1,001"),
+        (AGENTIC, "workload.tool_latency_s=3601", "3,600", "3,601"),
+        (AGENTIC, "workload.tool_schema_tokens=1000001", "1,000,000", "1,000,001"),
+        (AGENTIC, "quality={tokens: 1000001}", "1,000,000", "1,000,001"),
+    ],
+)  # fmt: skip
+def test_what_a_spec_expands_to_is_bounded_and_the_limit_named(path, override, limit, got):
+    """Before: `sessions: 10000000` was accepted and built sessions for minutes with no line,
+    its memory growing 1.4 MB/s. Every count, length and delay a spec expands has a limit."""
+    key = override.partition("=")[0]
+    key = "quality.tokens" if key == "quality" else key
+    assert error_of(path, [override]) == (
+        f"--set {override}: {key}: at most {limit} (a limit of llmbench), got {got}"
+    )
+
+
+def test_a_limit_in_the_yaml_names_its_line(tmp_path):
+    path = write(tmp_path, "workload:\n  kind: chat\n  sessions: 10000000\n")
+    assert error_of(path, []) == (
+        f"{path}:3: workload.sessions: at most 100,000 (a limit of llmbench), got 10,000,000"
+    )
+
+
+def test_the_whole_workload_text_is_bounded():
+    """Each limit met, but together too much text: 100,000 sessions of 20 turns of 64 tokens,
+    with the warm-up's (one more session) and the system prompt: 200 + 100,001 x 20 x 64
+    tokens."""
+    sets = [
+        "workload.sessions=100000",
+        "warmup_requests=1",
+        "workload.turns=20",
+        "workload.user_tokens=64",
+        "workload.system_prompt_tokens=200",
+    ]
+    assert error_of(CHAT, sets) == (
+        "--set workload.sessions=100000: workload.sessions: the workload makes up to "
+        f"{200 + 100_001 * 20 * 64:,} tokens of text (100,001 sessions, warm-up and every "
+        "repetition included), over the 100,000,000 of llmbench's limit; use fewer sessions "
+        "or shorter texts"
+    )
+
+
+def test_drawing_rag_documents_is_bounded():
+    """100 distinct documents of 100 under zipf_s 5: the last one is drawn once in ~1e10
+    draws (`_rag_turns` draws until it has them all): refused, not a hang."""
+    message = error_of(
+        RAG,
+        ["workload.num_documents=100", "workload.docs_per_query=100", "workload.zipf_s=5"],
+    )
+    assert message.startswith(
+        "--set workload.docs_per_query=100: workload.docs_per_query: 100 distinct documents of "
+        "100 under zipf_s 5 take about "
+    )
+    assert message.endswith(
+        "draws a query, each over every document: for 13 queries, over the 5,000,000,000 of "
+        "llmbench's limit; lower docs_per_query or zipf_s, or raise num_documents"
+    )
+
+
+def test_yaml_anchors_and_aliases_are_refused_in_specs_and_sets(tmp_path):
+    path = write(tmp_path, "name: a\nslo: &s {ttft_ms: 1}\nother: *s\n")
+    assert error_of(path, []) == (
+        f"{path}:2: YAML anchor &s: not read (an alias can expand without bound); write the "
+        "value out"
+    )
+    assert error_of(CHAT, ["slo=&x {ttft_ms: 1}"]) == (
+        "--set slo=&x {ttft_ms: 1}: YAML anchor &x: not read (an alias can expand without "
+        "bound); write the value out"
+    )
+
+
+def test_a_spec_file_over_the_limit_is_not_read(tmp_path):
+    from llmbench.harness.yaml_source import MAX_BYTES
+
+    path = write(tmp_path, "#" * (MAX_BYTES + 1))
+    assert error_of(path, []) == (
+        f"{path}: 1,048,577 bytes, over the 1,048,576 llmbench reads of a spec; give a workload "
+        "YAML"
+    )
+
+
+@pytest.mark.parametrize("name", ["chat", "rag", "agentic"])
+def test_the_shipped_workloads_are_plain_yaml_within_the_limits(name):
+    from llmbench.harness.yaml_source import check_plain
+
+    path = SHIPPED / f"{name}.yaml"
+    check_plain(path.read_text(), str(path))  # no anchors, no aliases
+    assert load_spec(path, [], lambda _: None).workload.kind == name

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from llmbench.engine.tokenizer import Tokenizer
+from llmbench.harness import workloads
 from llmbench.harness.spec import AgenticWorkload, ChatWorkload, Dist, RagWorkload
 from llmbench.harness.workloads import Tokens, build_sessions, draw, sessions_hash, tool_schemas
 
@@ -188,3 +189,46 @@ def test_tool_schema_json_has_the_asked_token_count(tokens, num_tokens):
 def test_a_tool_budget_below_one_skeleton_gives_one_small_tool(tokens):
     (tool,) = tool_schemas(5, random.Random(0), tokens)
     assert tokens.count(tool["function"]["description"]) == 1
+
+
+def test_a_drawn_count_or_delay_stays_within_the_limits():
+    """A normal without a `max` (mean 64, std 10^9: most draws are in the millions or below
+    0) is clipped to `MAX_TOKENS`, not made into a text of a billion tokens; turns to
+    `MAX_TURNS`, delays to `MAX_DELAY_S`."""
+    tail = Dist("normal", mean=64, std=1e9)
+    rng = random.Random(0)
+    counts = [workloads.draw_count(tail, rng) for _ in range(200)]
+    assert max(counts) == workloads.MAX_TOKENS and min(counts) >= 1
+    turns = [workloads.draw_count(tail, rng, workloads.MAX_TURNS) for _ in range(200)]
+    assert max(turns) == workloads.MAX_TURNS
+    delays = [workloads.draw_delay(tail, rng) for _ in range(200)]
+    assert max(delays) == workloads.MAX_DELAY_S
+
+
+def test_upper_bound_is_the_largest_value_drawn_or_the_mean_without_one():
+    assert workloads.upper_bound(Dist.of_number(64)) == 64
+    assert workloads.upper_bound(Dist("uniform", min=2, max=4)) == 4
+    assert workloads.upper_bound(Dist("empirical", values=(8, 300, 20))) == 300
+    assert workloads.upper_bound(Dist("normal", mean=64, std=24, min=8, max=160)) == 160
+    assert workloads.upper_bound(Dist("lognormal", mean=50, sigma=1)) == 50
+
+
+def test_workload_tokens_counts_the_text_a_workload_makes():
+    """Shared texts once, each session's own once per session (`num_sessions`)."""
+    chat = ChatWorkload(system_prompt_tokens=200, user_tokens=Dist("uniform", min=10, max=30))
+    assert workloads.workload_tokens(chat, 5) == 200 + 5 * 3 * 30  # 3 turns of at most 30
+    rag = RagWorkload(system_prompt_tokens=100, num_documents=40, user_tokens=Dist.of_number(40))
+    assert workloads.workload_tokens(rag, 12) == 100 + 40 * 300 + 12 * 40
+    agentic = AgenticWorkload(system_prompt_tokens=60, tool_schema_tokens=40)
+    # the task (64), then 3 tool results of 300 tokens, each with an 8-token query
+    assert workloads.workload_tokens(agentic, 2) == 60 + 40 + 2 * (64 + 3 * (300 + 8))
+
+
+def test_document_draws_of_a_rag_query():
+    """2 documents of 2 under zipf_s 1: weights 1 and 1/2 (total 3/2). The first draw is
+    always new; the second is new with probability (1/2)/(3/2) = 1/3 once the first is taken,
+    3 draws on average: 4 in all."""
+    spec = RagWorkload(num_documents=2, docs_per_query=2, zipf_s=1.0)
+    assert workloads.document_draws(spec) == pytest.approx(4.0)
+    # The shipped rag workload: 3 of 40 under 1.2 is a handful.
+    assert workloads.document_draws(RagWorkload(num_documents=40, zipf_s=1.2)) < 5

@@ -193,3 +193,39 @@ def test_report_opens_offline_in_chromium(run_folder, tmp_path):
     assert re.fullmatch(r"s0-t0: first token [0-9.]+ ms", hovered["sessions"])
     assert page.screenshot_bytes > 20_000
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# A full disk: every Path.write_text / write_bytes (results.json, report.md, report.html, the
+# figures) fails with ENOSPC and 0 bytes free; then the real CLI runs.
+FULL_DISK = """
+import errno, pathlib, shutil, sys, types
+def full(self, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+pathlib.Path.write_text = pathlib.Path.write_bytes = full
+shutil.disk_usage = lambda path: types.SimpleNamespace(total=204800, used=204800, free=0)
+from llmbench.cli.main import main
+sys.argv = ["llmbench", *sys.argv[1:]]
+main()
+"""
+
+
+def test_report_on_a_full_disk_is_one_line(tmp_path):
+    """Before: an OSError traceback. Now one line naming the file, exit 1: for the reports of
+    a run, and for the results.json of a run killed (or stopped by a full disk) before it
+    wrote one."""
+    from tests.harness.synthetic_runs import write_run
+
+    whole = write_run(tmp_path / "whole", seed=1)
+    cut = write_run(tmp_path / "cut", seed=2)
+    (cut / "results.json").rename(cut / "run-start.json")
+    for folder, path in ((whole, whole / "report.md"), (cut, cut / "results.json")):
+        result = subprocess.run(
+            [sys.executable, "-c", FULL_DISK, "report", str(folder)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.splitlines() == [
+            f"error: {path}: cannot write (No space left on device; 0 B free there); free some "
+            "space and try again"
+        ]
