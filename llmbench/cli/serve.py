@@ -16,6 +16,11 @@ from llmbench.cli.options import (
     speculative_line,
     weights_line,
 )
+from llmbench.serve.app import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+)
 
 
 @click.command()
@@ -68,6 +73,30 @@ from llmbench.cli.options import (
     is_flag=True,
     help="Also expose /metrics under vLLM's names (vllm:time_to_first_token_seconds, ...).",
 )
+@click.option(
+    "--header-timeout",
+    "header_timeout_s",
+    default=DEFAULT_HEADER_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a connection may take to send a request's head (after opening, or after its "
+    "last reply: idle kept-alive connections close after it too).",
+)
+@click.option(
+    "--body-timeout",
+    "body_timeout_s",
+    default=DEFAULT_BODY_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request's body may take to arrive (then a 408).",
+)
+@click.option(
+    "--max-connections",
+    default=DEFAULT_MAX_CONNECTIONS,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Open connections at most; one more is answered 503 and closed.",
+)
 def serve(
     model: str,
     host: str,
@@ -86,6 +115,9 @@ def serve(
     max_model_len: int | None,
     record_dir: Path | None,
     vllm_metrics: bool,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    max_connections: int,
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions with tool calls,
     /v1/completions, /v1/models, /tokenize, /detokenize, /metrics, /health, /version)."""
@@ -99,6 +131,9 @@ def serve(
         max_model_len=max_model_len,
         record_dir=record_dir,
         vllm_metrics=vllm_metrics,
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
     )
     engine_spec = engine_spec_of_flags(
         threads=threads,

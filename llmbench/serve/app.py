@@ -9,6 +9,12 @@ The model card adds two fields of llmbench's own to vLLM's: `dtype` (what the en
 and stores its weights in) and `quantization` (its weight quantization, or null), so that a
 client can cost the bytes a step reads (the openai backend's estimated roofline reads them).
 
+Nothing a client sends can hold the server: a request head must arrive within
+`--header-timeout`, a body within `--body-timeout` and under a bound derived from the context
+(`generate.max_body_bytes`), with the API key checked before it is read; bodies are decoded and
+tokenized on worker threads; at most `--max-connections` connections are open
+(`connections.py`); and an unexpected error is a 500 with OpenAI's error body, never plain text.
+
 Memory is bounded: nothing grows per request or per step. A request's state (its engine
 sequence, its queue in the engine client) goes when it ends or is aborted, and a client that
 hangs up aborts it; the engine keeps the last `SERVE_STEP_RECORD_WINDOW` step records (`--record`
@@ -34,7 +40,9 @@ import asyncio
 import collections
 import contextlib
 import hmac
+import json
 import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,7 +54,15 @@ from aiohttp import web
 
 import llmbench
 from llmbench.errors import UserError
-from llmbench.serve.generate import GenerationHandler, engine_stopped, read_json_object
+from llmbench.serve.connections import ConnectionCap, check_open_files
+from llmbench.serve.generate import (
+    Body,
+    GenerationHandler,
+    engine_stopped,
+    max_body_bytes,
+    read_json_object,
+    served_tokenizer,
+)
 from llmbench.serve.metrics import CONTENT_TYPE, ServeMetrics
 from llmbench.serve.protocol import (
     ApiError,
@@ -65,7 +81,14 @@ if TYPE_CHECKING:  # the engine (and torch) load only when a server is built
     from llmbench.engine.engine import LLMEngine
 
 _SHUTDOWN_TIMEOUT_S = 2.0  # on Ctrl-C, in-flight requests get this long, then are cancelled
-_MAX_BODY_BYTES = 32 * 2**20  # aiohttp's 1 MiB default is too small for long RAG prompts
+# Longer than the idle time of aiohttp's (15 s) and httpx's (5 s) client pools: a pooled
+# connection is closed by its client first, never by the server as a request goes out on it.
+DEFAULT_HEADER_TIMEOUT_S = 20.0
+DEFAULT_BODY_TIMEOUT_S = 30.0  # ≈ 40 KB/s for the largest body of a 4,096-token window
+DEFAULT_MAX_CONNECTIONS = 1000
+# After a reply that left the body unread (a 401, 408 or 413), the rest of the body is read and
+# dropped for at most this long, so that the client reads the reply instead of a reset.
+_LINGER_S = 2.0
 _OPEN_PATHS = ("/health", "/metrics", "/version")  # no API key needed, as in vLLM
 SERVE_STEP_RECORD_WINDOW = 256  # ≈ 1 KB a step at a batch of 64: ≈ 0.25 MB
 
@@ -79,6 +102,11 @@ class ServeConfig:
     max_model_len: int | None = None  # None: the model's context window
     record_dir: Path | None = None  # stream every engine step to record_dir/steps.jsonl
     vllm_metrics: bool = False  # /metrics also under vLLM's `vllm:` names
+    # A request head must arrive within this of the connection opening (or of the last reply
+    # on a kept-alive connection), else the connection is closed; idle connections too.
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body must arrive within this: else 408
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # more are answered 503 and closed
 
 
 def limits_of(engine: LLMEngine, config: ServeConfig) -> Limits:
@@ -107,8 +135,9 @@ def build_app(engine: LLMEngine, config: ServeConfig) -> web.Application:
     before anything listens.
     """
     server = _Server(engine, config)
+    # The API key is checked (a middleware) before any handler reads the body.
     app = web.Application(
-        middlewares=[_errors_as_json, server.check_api_key], client_max_size=_MAX_BODY_BYTES
+        middlewares=[_errors_as_json, server.check_api_key], client_max_size=server.body.max_bytes
     )
     app.cleanup_ctx.append(server.engine_running)
     app.router.add_get("/health", server.health)
@@ -137,31 +166,43 @@ def run_server(
     it, a line with the URL is printed. Signals are caught only when called on the main thread;
     elsewhere (tests, embedding) pass `stop` to shut the server down.
     """
+    check_open_files(config.max_connections)
     app = build_app(engine, config)
-    asyncio.run(_serve(app, host, port, on_ready, stop))
+    asyncio.run(_serve(app, config, host, port, on_ready, stop))
 
 
 async def _serve(
     app: web.Application,
+    config: ServeConfig,
     host: str,
     port: int,
     on_ready: Callable[[int], None] | None,
     stop: threading.Event | None,
 ) -> None:
     # handler_cancellation: a client that hangs up cancels its handler, which aborts the request.
+    # keepalive_timeout: aiohttp closes a connection that has waited this long for a whole
+    # request head (since it opened, or since its last reply): the header timeout.
     runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=_SHUTDOWN_TIMEOUT_S, access_log=None
+        app,
+        handler_cancellation=True,
+        shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+        access_log=None,
+        keepalive_timeout=config.header_timeout_s,
+        lingering_time=_LINGER_S,
     )
     await runner.setup()
+    listener = None
     try:
-        try:
-            await web.TCPSite(runner, host, port).start()
+        assert runner.server is not None
+        cap = ConnectionCap(runner.server, config.max_connections)
+        try:  # listening ourselves (not web.TCPSite): every connection passes the cap
+            listener = await asyncio.get_running_loop().create_server(cap, host, port)
         except OSError as e:
             raise UserError(
                 f"serve: cannot listen on {host}:{port}: {e.strerror or e}; pick another --port "
                 "or stop what is using it"
             ) from e
-        bound_port = runner.addresses[0][1]
+        bound_port = listener.sockets[0].getsockname()[1]
         if on_ready is not None:
             on_ready(bound_port)
         else:
@@ -169,6 +210,8 @@ async def _serve(
             print(f"llmbench serve: listening on http://{url_host}:{bound_port}/v1", flush=True)
         await _wait_for_shutdown(stop)
     finally:
+        if listener is not None:
+            listener.close()  # no new connections; runner.cleanup closes the open ones
         await runner.cleanup()
 
 
@@ -211,11 +254,22 @@ async def _errors_as_json(
         elif e.status == 405:
             message = f"method {request.method} is not allowed on {request.path}"
         return _error_response(ApiError(e.status, message))
+    except ConnectionError:
+        raise  # the client is gone: nobody to answer
+    except Exception as e:  # a bug: still OpenAI's error body, and one line for the operator
+        name = f"{type(e).__name__}: {e}"
+        print(f"llmbench serve: {request.method} {request.path} failed: {name}", file=sys.stderr)
+        return _error_response(
+            ApiError(500, f"internal server error: {name}", error_type="server_error")
+        )
 
 
 def _error_response(error: ApiError) -> web.Response:
     headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return web.json_response(error.body(), status=error.status, headers=headers)
+    response = web.json_response(error.body(), status=error.status, headers=headers)
+    if error.status == 408:  # the body is still trickling in: no next request on this one
+        response.force_close()
+    return response
 
 
 class _Server:
@@ -226,8 +280,12 @@ class _Server:
         self.config = config
         self.limits = limits_of(engine, config)
         self.created = int(time.time())
-        self.metrics = ServeMetrics(engine, config.served_model_name, config.vllm_metrics)
+        self.body = Body(max_body_bytes(self.limits.max_model_len), config.body_timeout_s)
         self.recorder = StepRecorder(config.record_dir) if config.record_dir else None
+        self.tokenizer = served_tokenizer(engine.tokenizer)  # for request threads
+        self.metrics = ServeMetrics(
+            engine, config.served_model_name, config.vllm_metrics, self.recorder
+        )
         self.client: EngineClient | None = None
         self.generation: GenerationHandler | None = None
 
@@ -239,7 +297,7 @@ class _Server:
 
         self.client = EngineClient(self.engine, on_output=self.metrics.count_output)
         self.generation = GenerationHandler(
-            self.client, self.engine.tokenizer, self.limits, self.metrics
+            self.client, self.tokenizer, self.limits, self.metrics, self.body
         )
         if self.recorder is not None:
             self.engine.on_step = self.recorder.on_step
@@ -322,9 +380,13 @@ class _Server:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: {"prompt": text} or {"messages": [...]} -> the prompt's ids."""
-        body = await read_json_object(request)
+        body = await read_json_object(request, self.body)
+        return web.json_response(text=await asyncio.to_thread(self._tokenized, body))
+
+    def _tokenized(self, body: dict[str, Any]) -> str:
+        """/tokenize's reply as JSON text (on a worker thread: a long prompt is slow)."""
         check_model(body, self.limits)
-        tokenizer = self.engine.tokenizer
+        tokenizer = self.tokenizer
         if ("prompt" in body) == ("messages" in body):
             raise ApiError(400, "give either 'prompt' (text) or 'messages' (a chat)", "prompt")
         if "prompt" in body:
@@ -338,19 +400,22 @@ class _Server:
             tools = parse_tools(body.get("tools"), body.get("tool_choice"))
             add_generation_prompt = _flag(body, "add_generation_prompt", default=True)
             tokens = tokenizer.encode_chat(messages, add_generation_prompt, tools=tools)
-        return web.json_response(
-            {"count": len(tokens), "max_model_len": self.limits.max_model_len, "tokens": tokens}
-        )
+        reply = {"count": len(tokens), "max_model_len": self.limits.max_model_len, "tokens": tokens}
+        return json.dumps(reply)
 
     async def detokenize(self, request: web.Request) -> web.Response:
         """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
-        body = await read_json_object(request)
+        body = await read_json_object(request, self.body)
+        return web.json_response(text=await asyncio.to_thread(self._detokenized, body))
+
+    def _detokenized(self, body: dict[str, Any]) -> str:
+        """/detokenize's reply as JSON text (on a worker thread)."""
         check_model(body, self.limits)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(is_int(t) for t in tokens):
             raise ApiError(400, "'tokens' must be a list of token ids", "tokens")
-        check_token_ids(tokens, self.engine.tokenizer.vocab_size, "tokens")
-        return web.json_response({"prompt": self.engine.tokenizer.decode(tokens)})
+        check_token_ids(tokens, self.tokenizer.vocab_size, "tokens")
+        return json.dumps({"prompt": self.tokenizer.decode(tokens)})
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:

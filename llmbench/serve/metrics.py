@@ -17,6 +17,7 @@ the names vLLM's Grafana dashboards read, with vLLM's `model_name` label:
 | num_requests_running, num_requests_waiting | num_requests_running, num_requests_waiting   |
 | kv_cache_usage_ratio                       | kv_cache_usage_perc (also a 0-1 fraction)    |
 | prefix_cache_hit_rate, generation_tokens_per_second | -                                   |
+| record_written_steps_total, record_dropped_steps_total (--record) | -                       |
 
 Times are the engine's `perf_counter_ns()` stamps against the moment the server read the
 request; "per request" TPOT and "per token" ITL are the two rows of the one-name-one-number
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -135,8 +136,11 @@ class ServeMetrics:
     """The app's registry, and what feeds it: `count_output` for every engine output, a
     `RequestClock` per request for the latencies."""
 
-    def __init__(self, engine: Any, model_name: str, vllm_names: bool) -> None:
-        """`engine` is the `LLMEngine` whose scheduler and blocks the gauges read."""
+    def __init__(
+        self, engine: Any, model_name: str, vllm_names: bool, recorder: Any = None
+    ) -> None:
+        """`engine` is the `LLMEngine` whose scheduler and blocks the gauges read; `recorder`
+        (`--record`'s `StepRecorder`, or None) the one whose step counts are exposed."""
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         self._histograms: dict[str, list[Any]] = {}
@@ -179,6 +183,8 @@ class ServeMetrics:
         self.model_name = model_name
         self.generation_rate = RecentTokenRate(RATE_WINDOW_NS, time.perf_counter_ns())
         self.registry.register(_EngineGauges(engine, model_name, vllm_names, self.generation_rate))
+        if recorder is not None:
+            self.registry.register(_RecorderCounters(recorder))
 
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format."""
@@ -282,3 +288,25 @@ class _EngineGauges:
                 family.add_metric([self._model_name], value)
                 families.append(family)
         return families
+
+
+class _RecorderCounters:
+    """`--record`'s steps written and dropped, read from the recorder at scrape time."""
+
+    def __init__(self, recorder: Any) -> None:
+        self._recorder = recorder
+
+    def collect(self) -> list[CounterMetricFamily]:
+        recorder = self._recorder
+        return [
+            CounterMetricFamily(
+                "llmbench_record_written_steps",
+                "--record: engine steps written to steps.jsonl.",
+                value=recorder.num_written,
+            ),
+            CounterMetricFamily(
+                "llmbench_record_dropped_steps",
+                "--record: engine steps not written (the disk fell behind, a write failed).",
+                value=recorder.num_dropped,
+            ),
+        ]

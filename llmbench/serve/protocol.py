@@ -33,6 +33,14 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "function_call": (),
 }
 _TEXT_PART_TYPES = ("text", "input_text")
+_ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's chat roles
+# name -> (lowest, highest, is the lowest itself refused): OpenAI's documented ranges (top_p
+# and min_p as the sampler takes them). Inside them the sampler never sees an inf or a NaN.
+_NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, True),
+    "min_p": (0.0, 1.0, False),
+}
 
 
 class Tokenizer(Protocol):
@@ -98,6 +106,33 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def decode_json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; anything else (not JSON, NaN or Infinity, nested past
+    Python's parser, a lone UTF-16 surrogate such as "\\ud800" that no tokenizer can encode)
+    is a 400. Takes time in proportion to the body: run it off the event loop."""
+    try:
+        body = json.loads(raw, parse_constant=_refuse_constant)
+        # Only valid Unicode encodes: a lone surrogate escape decodes to a str that does not.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ApiError(400, "the request body is not valid JSON: it nests too deeply") from None
+    except UnicodeEncodeError as e:
+        raise ApiError(
+            400,
+            "the request body is not valid Unicode: a lone UTF-16 surrogate "
+            f"(\\u{ord(e.object[e.start]):04x}) in a string",
+        ) from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def check_model(body: dict[str, Any], limits: Limits) -> None:
     model = body.get("model")
     if model is not None and model != limits.model_name:
@@ -156,11 +191,15 @@ def parse_generation(
     seed = body.get("seed")
     if is_int(seed) and seed not in _SEED_RANGE:
         raise ApiError(400, f"'seed' must be in [-2**63, 2**64), got {seed}", "seed")
+    for name, (lowest, highest, is_open) in _NUMBER_RANGES.items():
+        _check_range(body.get(name), name, lowest, highest, is_open)
     top_k = body.get("top_k")
+    if top_k == -1 or (is_int(top_k) and top_k >= limits.vocab_size):
+        top_k = 0  # off: vLLM spells it -1, and a top_k past the vocabulary keeps every token
     sampling: dict[str, Any] = {
         "max_tokens": max_tokens,
         "stop": () if stop is None else stop,
-        "top_k": 0 if top_k == -1 else top_k,  # vLLM spells "off" -1
+        "top_k": top_k,
         "logit_bias": _logit_bias(body.get("logit_bias"), limits.vocab_size),
     }
     for name in ("temperature", "top_p", "min_p", "seed", "ignore_eos"):
@@ -226,6 +265,15 @@ def _default_max_tokens(num_prompt_tokens: int, is_chat: bool, limits: Limits) -
     # Chat (as in vLLM): whatever room the context and the whole KV cache leave.
     capacity = min(limits.max_model_len, limits.kv_cache_tokens)
     return max(1, capacity - num_prompt_tokens)  # too long: check_fits says so
+
+
+def _check_range(value: object, name: str, lowest: float, highest: float, is_open: bool) -> None:
+    if value is None:
+        return
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not is_number or not (lowest < value if is_open else lowest <= value) or value > highest:
+        interval = f"{'(' if is_open else '['}{lowest:g}, {highest:g}]"
+        raise ApiError(400, f"'{name}' must be a number in {interval}, got {value!r}", name)
 
 
 def _check_response_format(value: object) -> None:
@@ -299,7 +347,20 @@ def parse_messages(value: object) -> list[dict[str, Any]]:
     `tool_calls` (content may then be null) and a tool message's `tool_call_id` kept."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list of messages", "messages")
-    return [_message(i, message) for i, message in enumerate(value)]
+    messages = []
+    call_ids: set[str] = set()  # the ids of the calls made so far: what a tool message answers
+    for i, message in enumerate(value):
+        out = _message(i, message)
+        call_ids.update(call["id"] for call in out.get("tool_calls") or ())
+        if out["role"] == "tool" and out["tool_call_id"] not in call_ids:
+            raise ApiError(
+                400,
+                f"messages[{i}].tool_call_id {out['tool_call_id']!r} answers no tool call of an "
+                "earlier assistant message",
+                "messages",
+            )
+        messages.append(out)
+    return messages
 
 
 def _message(i: int, message: object) -> dict[str, Any]:
@@ -307,6 +368,8 @@ def _message(i: int, message: object) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ApiError(400, f"{where} must be an object with a string 'role'", "messages")
     role = message["role"]
+    if role not in _ROLES:
+        raise ApiError(400, f"{where}.role {role!r} is not one of {', '.join(_ROLES)}", "messages")
     out: dict[str, Any] = {"role": role}
     tool_calls = message.get("tool_calls")
     if tool_calls is not None:
@@ -415,9 +478,25 @@ def parse_tools(tools: object, tool_choice: object) -> list[dict[str, Any]] | No
                 'string, "description": string, "parameters": JSON schema}}',
                 "tools",
             )
+        _check_parameters(f"tools[{i}].function.parameters", function.get("parameters", {}))
     if not tools or tool_choice == "none":
         return None
     return tools
+
+
+def _check_parameters(where: str, parameters: dict[str, Any]) -> None:
+    """The parts of a function's JSON schema the chat template and the model read."""
+    properties = parameters.get("properties", {})
+    if not isinstance(properties, dict):
+        raise ApiError(
+            400, f"{where}.properties must be an object (parameter name -> JSON schema)", "tools"
+        )
+    for name, schema in properties.items():
+        if not isinstance(schema, dict):
+            raise ApiError(400, f"{where}.properties.{name} must be a JSON schema object", "tools")
+    required = parameters.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ApiError(400, f"{where}.required must be a list of parameter names", "tools")
 
 
 # -- replies ----------------------------------------------------------------------------------

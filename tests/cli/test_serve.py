@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -97,3 +100,71 @@ def test_serve_speculates_and_streams_what_the_engine_decodes_plainly():
         assert reply["usage"]["completion_tokens"] == 16
     finally:
         server.stop()
+
+
+def test_sigterm_ends_a_server_whose_record_disk_is_full(tmp_path):
+    # Every write to steps.jsonl fails with ENOSPC, as on a full disk: it is /dev/full.
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    (folder / "steps.jsonl").symlink_to("/dev/full")
+    server = ServerProcess([*TINY, "--record", str(folder)])
+    try:
+        body = {"model": "synthetic:tiny", "prompt": "abc", "max_tokens": 4, "ignore_eos": True}
+        assert post(server.url + "/v1/completions", body)[0] == 200
+        for _ in range(400):  # the writer counts off the engine thread: wait for it
+            with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
+                metrics = response.read().decode()
+            if "llmbench_record_dropped_steps_total 0.0" not in metrics:
+                break
+            time.sleep(0.01)
+        [dropped] = [line for line in metrics.splitlines() if line.startswith("llmbench_record_d")]
+        assert float(dropped.split()[1]) >= 4  # the request's prefill and decode steps
+        assert post(server.url + "/v1/completions", body)[0] == 200  # serving goes on
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        returncode = server.process.wait(timeout=60)
+        took_s = time.monotonic() - started
+    finally:
+        server.stop()
+    stderr = "".join(server.lines) + server.process.stderr.read()
+    assert returncode == 0 and "Traceback" not in stderr
+    assert took_s < 10  # ≈ 0.1 s when idle; 10 s: a busy machine, far below a hang
+    assert stderr.count("--record cannot write") == 1
+    assert "--record dropped" in stderr and "No space left on device" in stderr
+
+
+def test_the_connection_flags_reach_the_server():
+    args = [*TINY, "--header-timeout", "0.5", "--body-timeout", "0.5", "--max-connections", "2"]
+    server = ServerProcess(args)
+    try:
+        port = int(server.url.rsplit(":", 1)[1])
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"
+        stalled_body = socket.create_connection(("127.0.0.1", port), timeout=30)
+        stalled_body.sendall(head)
+        stalled_head = socket.create_connection(("127.0.0.1", port), timeout=30)
+        stalled_head.sendall(b"GET /health HT")
+        over_the_cap = socket.create_connection(("127.0.0.1", port), timeout=30)
+        replies = [read_all(s) for s in (over_the_cap, stalled_head, stalled_body)]
+    finally:
+        server.stop()
+    assert replies[0].startswith(b"HTTP/1.1 503 ")  # --max-connections 2
+    assert replies[1] == b""  # --header-timeout: closed unanswered
+    assert replies[2].startswith(b"HTTP/1.1 408 ")  # --body-timeout
+    assert b"--body-timeout" in replies[2]
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.status, json.loads(response.read())
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (30 s at most)."""
+    received = b""
+    with sock:
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received

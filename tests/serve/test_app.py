@@ -8,6 +8,8 @@ import asyncio
 import json
 import socket
 import threading
+import time
+import types
 from typing import Any
 
 import aiohttp
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import llmbench
 from llmbench.engine import runner
 from llmbench.errors import UserError
-from llmbench.serve import ServeConfig, build_app, run_server
+from llmbench.serve import ServeConfig, build_app, recorder, run_server
 from tests.engine.helpers import crash_after
 from tests.serve.helpers import serving, tiny_engine
 
@@ -205,6 +207,98 @@ def test_record_streams_engine_steps_while_serving(url, record_dir):
     assert len(steps) >= 4  # one prefill step, three decode steps (at least)
     assert {"t_start_ns", "t_end_ns", "num_prefill_tokens", "context_lens"} <= set(steps[0])
     assert sum(step["num_prefill_tokens"] for step in steps) >= 3
+
+
+def test_a_record_disk_that_fails_is_said_once_counted_in_metrics_and_serving_goes_on(
+    tmp_path, capsys
+):
+    # A steps.jsonl whose every write fails with ENOSPC, as on a full disk: /dev/full.
+    folder = tmp_path / "full-disk"
+    folder.mkdir()
+    (folder / "steps.jsonl").symlink_to("/dev/full")
+    with serving(tiny_engine(), ServeConfig(NAME, record_dir=folder)) as url:
+        for _ in range(3):
+            status, _ = request("POST", url + "/v1/completions", {"prompt": "abc", **GREEDY})
+            assert status == 200  # serving goes on
+        for _ in range(400):  # the writer counts off the engine thread: wait for it
+            metrics = scrape(url)
+            dropped = metrics["llmbench_record_dropped_steps"].samples[0].value
+            if dropped >= 12:
+                break
+            threading.Event().wait(0.01)
+        assert dropped >= 12  # 3 requests x (1 prefill + 3 decode steps), at least
+        assert metrics["llmbench_record_written_steps"].samples[0].value == 0
+        said = [line for line in capsys.readouterr().err.splitlines() if "--record" in line]
+        assert said == [
+            f"llmbench serve: --record cannot write {folder / 'steps.jsonl'}: No space left on "
+            "device; steps are no longer recorded (counted in "
+            "llmbench_record_dropped_steps_total), serving goes on"
+        ]
+    said = capsys.readouterr().err  # at shutdown, the count
+    assert f"--record dropped {int(dropped)} steps (writing failed: No space left on" in said
+
+
+def test_a_server_whose_record_disk_hangs_with_a_full_queue_stops_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder, "MAX_PENDING_STEPS", 3)
+    release = threading.Event()
+
+    def hung_disk(record):  # the writer takes the first step and never gets past it
+        release.wait()
+        return {}
+
+    monkeypatch.setattr(recorder, "dataclasses", types.SimpleNamespace(asdict=hung_disk))
+    try:
+        with serving(tiny_engine(), ServeConfig(NAME, record_dir=tmp_path)) as url:
+            for _ in range(3):  # 12 steps or more: 1 taken, 3 queued, the rest dropped
+                assert request("POST", url + "/v1/completions", {"prompt": "a", **GREEDY})[0] == 200
+            dropped = scrape(url)["llmbench_record_dropped_steps"].samples[0].value
+            assert dropped >= 8
+            stopping = time.monotonic()
+        took_s = time.monotonic() - stopping  # `serving` fails if the server takes 30 s
+        assert took_s < 10  # CLOSE_TIMEOUT_S is 1 s; 10 s: a busy machine
+    finally:
+        release.set()
+
+
+def test_an_unexpected_error_is_a_500_with_openais_error_body(capsys):
+    engine = tiny_engine()  # its own: the module's engine may be serving
+    real = engine.tokenizer.hf_tokenizer
+
+    class BrokenOnce:  # a tokenizer that fails the first time it encodes
+        is_broken = True
+
+        def encode_batch(self, texts, **kwargs):
+            self._break_once()
+            return real.encode_batch(texts, **kwargs)
+
+        def encode(self, text, **kwargs):
+            self._break_once()
+            return real.encode(text, **kwargs)
+
+        def _break_once(self):
+            if BrokenOnce.is_broken:
+                BrokenOnce.is_broken = False
+                raise RuntimeError("injected tokenizer bug")
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    engine.tokenizer.hf_tokenizer = BrokenOnce()
+    with serving(engine, ServeConfig(NAME)) as url:
+        status, reply = request("POST", url + "/tokenize", {"prompt": "hi"})
+        assert status == 500
+        assert reply == {
+            "error": {
+                "message": "internal server error: RuntimeError: injected tokenizer bug",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        assert request("POST", url + "/tokenize", {"prompt": "hi"})[0] == 200  # it goes on
+    assert "llmbench serve: POST /tokenize failed: RuntimeError: injected tokenizer bug" in (
+        capsys.readouterr().err
+    )
 
 
 # -- metrics ----------------------------------------------------------------------------------

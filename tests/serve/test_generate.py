@@ -9,7 +9,9 @@ weights; everything from the engine to the client is real).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 from llmbench.engine.engine import LLMEngine
 from llmbench.engine.sampling import SamplingParams
 from llmbench.serve import ServeConfig
+from llmbench.serve.generate import max_body_bytes, served_tokenizer
 from tests.engine.helpers import WEATHER_TOOL, write_tiny_checkpoint
 from tests.serve.helpers import ANSWER_REPLY, CALL_JSON, ID, serving, tiny_engine, write_tool_model
 
@@ -332,11 +335,19 @@ def test_client_disconnect_aborts_the_request(server, is_stream):
 
 LONG = words(*[1] * 600)  # 600 tokens: over the 512-token context
 
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
 BAD_REQUESTS = [
     # (path, body, param)
     ("completions", b"{not json", None),
     ("completions", b"\xff\xfe", None),
     ("completions", b"[1, 2]", None),
+    ("completions", b'{"prompt": "w1 \\ud800"}', None),  # a lone surrogate, escaped
+    ("completions", b'{"prompt": "w1 \xed\xa0\x80"}', None),  # the same, as raw bytes
+    ("chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00"}]}', None),
+    ("completions", b"[" * 100_000 + b"]" * 100_000, None),
+    ("completions", b'{"prompt": ' * 50_000 + b'"w1"' + b"}" * 50_000, None),
+    ("completions", b'{"prompt": "w1", "temperature": NaN}', None),
     ("completions", {}, "prompt"),
     ("completions", {"prompt": ""}, "prompt"),
     ("completions", {"prompt": []}, "prompt"),
@@ -348,6 +359,9 @@ BAD_REQUESTS = [
     ("completions", {"prompt": LONG}, "prompt"),
     ("completions", {"prompt": words(*[2] * 500), "max_tokens": 20}, "prompt"),
     ("completions", {"prompt": "w1", "temperature": -1}, "temperature"),
+    ("completions", {"prompt": "w1", "temperature": 1e308}, "temperature"),
+    ("completions", {"prompt": "w1", "temperature": 2.01}, "temperature"),
+    ("completions", {"prompt": "w1", "temperature": True}, "temperature"),
     ("completions", {"prompt": "w1", "temperature": "hot"}, "temperature"),
     ("completions", {"prompt": "w1", "top_p": 0}, "top_p"),
     ("completions", {"prompt": "w1", "top_k": 1.5}, "top_k"),
@@ -387,6 +401,28 @@ BAD_REQUESTS = [
         "messages",
     ),
     ("chat/completions", {"messages": [{"role": "user", "content": LONG}]}, "messages"),
+    ("chat/completions", {"messages": [{"role": "hacker", "content": "w1"}]}, "messages"),
+    (
+        "chat/completions",
+        {
+            "messages": [
+                {"role": "user", "content": "w1"},
+                {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+                {"role": "tool", "tool_call_id": "call_2", "content": "w2"},
+            ]
+        },
+        "messages",
+    ),
+    (
+        "chat/completions",
+        {
+            "messages": [{"role": "user", "content": "w1"}],
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"properties": 5}}}
+            ],
+        },
+        "tools",
+    ),
     ("chat/completions", {"messages": [{"role": "user", "content": "w1"}], "top_p": 2}, "top_p"),
     (
         "chat/completions",
@@ -421,6 +457,209 @@ def test_wrong_model_is_404(server):
     assert reply["error"]["code"] == "model_not_found" and reply["error"]["param"] == "model"
     status, _ = run(post, server.url + "/v1/completions", {**body, "model": MODEL})
     assert status == 200
+
+
+def test_a_top_k_past_the_vocabulary_is_off_not_an_engine_crash(server):
+    # 10**30 does not fit the sampler's int64 tensor: passed on, it crashed the engine thread.
+    body = {"prompt": [21, 22, 23], **GREEDY, "temperature": 0.7, "seed": 1, "top_k": 10**30}
+    status, reply = run(post, server.url + "/v1/completions", body)
+    assert status == 200, reply
+    assert reply["usage"]["completion_tokens"] == 8
+    status, _ = run(post, server.url + "/v1/completions", {"prompt": "w1", **GREEDY})
+    assert status == 200
+
+
+# -- bodies: bounded, read after the key, decoded and tokenized off the event loop -------------
+
+BODY_KEY = "sk-body"
+AUTH = {"Authorization": f"Bearer {BODY_KEY}"}
+# --max-model-len 64: a body may be 2**20 + 32 * 64 = 1,050,624 bytes.
+BODY_BOUND = 1_050_624
+
+
+class WatchedTokenizer:
+    """A Hugging Face tokenizer that records the length of every text it encodes, takes
+    `delay_s` more for each (a tokenizer slow on a long prompt, without the CPU), and counts
+    the encodings under way (`num_encoding`)."""
+
+    def __init__(self, hf_tokenizer, delay_s: float = 0.0) -> None:
+        self._hf_tokenizer = hf_tokenizer
+        self.delay_s = delay_s
+        self.lengths: list[int] = []
+        self.num_encoding = 0
+        self._lock = threading.Lock()
+
+    def encode_batch(self, texts, **kwargs):  # releases the GIL
+        return self._watch(texts, lambda: self._hf_tokenizer.encode_batch(texts, **kwargs))
+
+    def encode(self, text, **kwargs):  # holds the GIL
+        return self._watch([text], lambda: self._hf_tokenizer.encode(text, **kwargs))
+
+    def _watch(self, texts, encode):
+        with self._lock:
+            self.lengths += [len(text) for text in texts]
+            self.num_encoding += 1
+        try:
+            time.sleep(self.delay_s)
+            return encode()
+        finally:
+            with self._lock:
+                self.num_encoding -= 1
+
+    def __getattr__(self, name: str):
+        return getattr(self._hf_tokenizer, name)
+
+
+@contextlib.contextmanager
+def bounded_server(delay_s: float = 0.0):
+    """A server of synthetic:tiny (a token a byte) with a 64-token window and an API key;
+    yields its URL and its watched tokenizer."""
+    engine = tiny_engine()
+    watched = WatchedTokenizer(engine.tokenizer.hf_tokenizer, delay_s)
+    engine.tokenizer.hf_tokenizer = watched
+    config = ServeConfig(served_model_name=MODEL, api_key=BODY_KEY, max_model_len=64)
+    with serving(engine, config) as url:
+        yield url, watched
+
+
+def test_the_body_bound_comes_from_the_context():
+    assert max_body_bytes(64) == BODY_BOUND
+    assert max_body_bytes(4096) == 2**20 + 131_072  # 1.125 MiB
+    assert max_body_bytes(131_072) == 5 * 2**20
+
+
+def test_a_body_past_the_bound_is_refused_unread_and_untokenized():
+    filler = len(b'{"prompt": ""}')
+    at_bound = json.dumps({"prompt": "x" * (BODY_BOUND - filler)}).encode()
+    assert len(at_bound) == BODY_BOUND
+    over = at_bound[:-2] + b'x"}'  # one byte more
+
+    async def chunked(data: bytes):  # no Content-Length: the bound holds while reading
+        for start in range(0, len(data), 65_536):
+            yield data[start : start + 65_536]
+
+    async def go(session, url):
+        async def send(path, data, headers):
+            async with session.post(url + path, data=data, headers=headers) as response:
+                return response.status, await response.json(content_type=None)
+
+        return [
+            await send("/v1/completions", over, {}),  # no key: 401 before a byte is read
+            await send("/v1/completions", over, AUTH),  # Content-Length over the bound
+            await send("/v1/chat/completions", chunked(over), AUTH),
+            await send("/tokenize", over, AUTH),
+            await send("/v1/completions", at_bound, AUTH),  # read, tokenized, too long
+        ]
+
+    with bounded_server() as (url, watched):
+        no_key, too_large, too_large_chunked, tokenize, at_the_bound = run(go, url)
+    assert no_key[0] == 401 and no_key[1]["error"]["type"] == "invalid_request_error"
+    assert too_large == (413, too_large[1])
+    assert too_large[1]["error"] == {
+        "message": (
+            f"the request body ({BODY_BOUND + 1} bytes) is larger than this server takes: "
+            f"{BODY_BOUND} bytes, 32 a token of the context (--max-model-len) plus 1048576 "
+            "for the rest"
+        ),
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    assert too_large_chunked[0] == 413 and "larger than this server" in str(too_large_chunked)
+    assert tokenize[0] == 413
+    assert at_the_bound[0] == 400
+    assert at_the_bound[1]["error"]["code"] == "context_length_exceeded"
+    assert watched.lengths == [BODY_BOUND - filler]  # only the body within the bound
+
+
+async def health_while(session, url: str, request, watched: WatchedTokenizer) -> tuple:
+    """Ask /health over and over until `request` (a coroutine) has its reply; returns each
+    /health's latency, how many answered while `watched` was encoding, and the reply."""
+    task = asyncio.create_task(request)
+    latencies_s, num_while_encoding = [], 0
+    while not task.done():
+        started = time.perf_counter()
+        async with session.get(url + "/health") as response:
+            assert response.status == 200
+        latencies_s.append(time.perf_counter() - started)
+        num_while_encoding += watched.num_encoding > 0
+        await asyncio.sleep(0.02)
+    return latencies_s, num_while_encoding, await task
+
+
+async def post_with_key(session, url: str, body: dict) -> tuple[int, Any]:
+    async with session.post(url, json=body, headers=AUTH) as response:
+        return response.status, await response.json()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_health_answers_while_a_slow_tokenizer_works(path):
+    text = "x" * 1_000_000  # within the bound, far beyond the 64-token context
+    if path == "/v1/chat/completions":
+        body = {"messages": [{"role": "user", "content": text}]}
+    else:
+        body = {"prompt": text}
+
+    async def go(session, url, watched):
+        return await health_while(session, url, post_with_key(session, url + path, body), watched)
+
+    with bounded_server(delay_s=2.0) as (url, watched):  # 2 s a prompt, asleep
+        latencies_s, num_while_encoding, (status, reply) = run(go, url, watched)
+    assert len(watched.lengths) == 1 and watched.lengths[0] >= 1_000_000
+    assert num_while_encoding >= 3  # answered again and again while tokenizing
+    assert max(latencies_s) < 1.0, latencies_s  # ms when idle; 1 s: a busy machine
+    if path == "/tokenize":
+        assert status == 200 and reply["count"] > 64
+    else:
+        assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_long_prompt_is_tokenized_without_holding_the_gil():
+    # The real tokenizer on 1 MB (≈ 0.6 s here). `tokenizers`' `encode` holds the GIL, so no
+    # thread of this process (the server's event loop, this test's client) ran until it
+    # returned: no /health could be answered while it worked, wherever it ran.
+    body = {"prompt": "hello world " * 87_000}  # 1,044,012 bytes of JSON: within the bound
+
+    async def go(session, url, watched):
+        request = post_with_key(session, url + "/v1/completions", body)
+        return await health_while(session, url, request, watched)
+
+    with bounded_server() as (url, watched):
+        latencies_s, num_while_encoding, (status, _) = run(go, url, watched)
+    assert watched.lengths == [1_044_000] and status == 400  # context_length_exceeded
+    assert num_while_encoding >= 5, latencies_s
+    assert max(latencies_s) < 1.0, latencies_s
+
+
+def test_the_served_tokenizer_gives_the_engine_tokenizers_ids_and_text(tmp_path):
+    from llmbench.engine.tokenizer import Tokenizer
+
+    tool_model = Tokenizer.from_hf_folder(write_tool_model(tmp_path / "tool"))
+    byte_level = Tokenizer.byte_level()
+    with_bos = Tokenizer(
+        byte_level.hf_tokenizer,
+        chat_template=byte_level.chat_template,
+        eos_token_ids=(258,),
+        bos_token_id=256,
+        add_bos=True,
+        bos_token="<|endoftext|>",
+    )
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny <|im_end|> é"},
+    ]
+    for tokenizer in (tool_model, byte_level, with_bos):
+        served = served_tokenizer(tokenizer)
+        for text in ("Sunny, 22C in Paris.", "<|im_start|>user\nhé <tool_call>", ""):
+            assert served.encode(text) == tokenizer.encode(text)
+            assert served.encode(text, add_bos=False) == tokenizer.encode(text, add_bos=False)
+        ids = tokenizer.encode_chat(messages, tools=[WEATHER_TOOL])
+        assert served.encode_chat(messages, tools=[WEATHER_TOOL]) == ids
+        for skip in (False, True):
+            assert served.decode(ids, skip) == tokenizer.decode(ids, skip)
+        assert served.vocab_size == tokenizer.vocab_size
+    assert with_bos.encode("hi") == [256, 104, 105]
 
 
 # -- the tool-calling loop with the official openai client -------------------------------------

@@ -13,6 +13,7 @@ from llmbench.serve.protocol import (
     Limits,
     Reply,
     check_fits,
+    decode_json_object,
     parse_generation,
     parse_messages,
     parse_tools,
@@ -81,6 +82,32 @@ def test_malformed_tools_are_refused(tools):
     assert refusal(chat(tools=tools)).param == "tools"
 
 
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"properties": "city"}, "tools[0].function.parameters.properties must be an object"),
+        ({"properties": [{"city": {}}]}, "tools[0].function.parameters.properties must be"),
+        ({"properties": {"city": "string"}}, "parameters.properties.city must be a JSON schema"),
+        ({"properties": {}, "required": "city"}, "parameters.required must be a list of"),
+        ({"required": [1]}, "tools[0].function.parameters.required must be a list of"),
+    ],
+)
+def test_a_tool_schema_the_template_cannot_read_is_refused_by_field(parameters, message):
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    error = refusal(chat(tools=[tool]))
+    assert (error.status, error.param) == (400, "tools") and message in str(error)
+
+
+def test_a_well_formed_tool_schema_is_accepted():
+    parameters = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    }
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    assert parse_tools([tool], "auto") == [tool]
+
+
 def test_the_messages_an_agent_loop_sends_back():
     messages = parse_messages(
         [
@@ -113,12 +140,94 @@ def test_the_messages_an_agent_loop_sends_back():
             "arguments is not JSON",
         ),
         ({"role": "user", "content": [{"type": "image_url"}]}, "only text parts"),
+        ({"role": "hacker", "content": "x"},
+         "messages[0].role 'hacker' is not one of system, developer, user, assistant, tool"),
+        ({"role": "function", "content": "x", "name": "f"}, "messages[0].role 'function' is not"),
+        ({"role": "tool", "tool_call_id": "call_1", "content": "x"},
+         "messages[0].tool_call_id 'call_1' answers no tool call of an earlier assistant message"),
     ],
 )  # fmt: skip
 def test_malformed_messages_are_refused_with_the_reason(message, words):
     with pytest.raises(ApiError) as excinfo:
         parse_messages([message])
     assert excinfo.value.param == "messages" and words in str(excinfo.value)
+
+
+def test_a_tool_message_answers_a_call_of_an_earlier_assistant_message():
+    user = {"role": "user", "content": "hi"}
+    assistant = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    answer = {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    assert len(parse_messages([user, assistant, answer, answer])) == 4  # twice: still a call
+    with pytest.raises(ApiError, match=r"messages\[1\].tool_call_id 'call_1' answers no"):
+        parse_messages([user, answer, assistant])  # the answer before the call
+    other = {**answer, "tool_call_id": "call_9"}
+    with pytest.raises(ApiError, match=r"messages\[2\].tool_call_id 'call_9' answers no"):
+        parse_messages([user, assistant, other])
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "interval"),
+    [
+        ("temperature", 1e308, "[0, 2]"),
+        ("temperature", 2.5, "[0, 2]"),
+        ("temperature", -0.1, "[0, 2]"),
+        ("temperature", "hot", "[0, 2]"),
+        ("temperature", False, "[0, 2]"),
+        ("top_p", 0, "(0, 1]"),
+        ("top_p", 1.5, "(0, 1]"),
+        ("min_p", -1, "[0, 1]"),
+        ("min_p", float("inf"), "[0, 1]"),
+    ],
+)
+def test_sampling_numbers_outside_openais_ranges_are_refused_by_name(name, value, interval):
+    error = refusal(chat(**{name: value}))
+    assert error.param == name
+    assert str(error) == f"'{name}' must be a number in {interval}, got {value!r}"
+
+
+def test_sampling_numbers_at_the_ends_of_their_ranges_are_accepted():
+    body = chat(temperature=2, top_p=1, min_p=0, max_tokens=1)
+    assert parse_generation(body, True, TOKENIZER, LIMITS).sampling["temperature"] == 2
+    body = chat(temperature=0.0, top_p=1e-9, min_p=1, max_tokens=1)
+    assert parse_generation(body, True, TOKENIZER, LIMITS).sampling["min_p"] == 1
+
+
+@pytest.mark.parametrize(("top_k", "sampled"), [(-1, 0), (0, 0), (5, 5), (299, 299), (300, 0),
+                                                (10**30, 0)])  # fmt: skip
+def test_top_k_off_is_minus_one_zero_or_the_whole_vocabulary(top_k, sampled):
+    body = chat(top_k=top_k, max_tokens=1)  # LIMITS: a vocabulary of 300
+    assert parse_generation(body, True, TOKENIZER, LIMITS).sampling["top_k"] == sampled
+
+
+def test_a_json_object_body_is_decoded():
+    assert decode_json_object(b'{"prompt": "caf\\u00e9 \xc3\xa9", "n": 1}') == {
+        "prompt": "café é",
+        "n": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"prompt": "\\ud800"}',
+         "the request body is not valid Unicode: a lone UTF-16 surrogate (\\ud800) in a string"),
+        (b'{"prompt": "a\\udfffb"}', "a lone UTF-16 surrogate (\\udfff)"),
+        (b'{"p": ["\xed\xa0\x80"]}', "a lone UTF-16 surrogate (\\ud800)"),
+        (b"[" * 100_000 + b"]" * 100_000, "the request body is not valid JSON: it nests too"),
+        (b'{"temperature": NaN}', "the request body is not valid JSON: NaN is not a JSON value"),
+        (b'{"top_p": -Infinity}', "not valid JSON: -Infinity is not a JSON value"),
+        (b"\xff", "the request body is not valid JSON: 'utf-8' codec can't decode"),
+        (b"[1]", "the request body must be a JSON object"),
+    ],
+)  # fmt: skip
+def test_a_body_no_tokenizer_can_take_is_a_400(raw, message):
+    with pytest.raises(ApiError) as excinfo:
+        decode_json_object(raw)
+    assert excinfo.value.status == 400 and message in str(excinfo.value)
+
+
+def test_a_surrogate_pair_is_one_character_not_a_lone_surrogate():
+    assert decode_json_object(b'{"prompt": "\\ud83d\\ude00"}') == {"prompt": "\U0001f600"}
 
 
 @pytest.mark.parametrize(
