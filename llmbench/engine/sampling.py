@@ -19,6 +19,10 @@ import torch
 from llmbench.engine.host_to_device import to_device
 from llmbench.errors import UserError
 
+# top_k travels to the device as int64: a larger one overflowed there and stopped the engine
+# thread (`top_k: 1e30` in a request); any k past the vocabulary already means "off".
+MAX_TOP_K = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -65,8 +69,8 @@ class SamplingParams:
             _reject("max_tokens", self.max_tokens, "must be an integer >= 1")
         if not _is_real(self.temperature) or not self.temperature >= 0:
             _reject("temperature", self.temperature, "must be >= 0")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            _reject("top_k", self.top_k, "must be 0 (off) or an integer >= 1")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_TOP_K:
+            _reject("top_k", self.top_k, f"must be 0 (off) or an integer in [1, {MAX_TOP_K}]")
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             _reject("top_p", self.top_p, "must be in (0, 1]")
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:

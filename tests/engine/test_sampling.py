@@ -61,8 +61,16 @@ def assert_frequencies(counts: list[int], expected: list[float]) -> None:
         ({"temperature": -1.0}, "sampling: temperature must be >= 0, got -1.0"),
         ({"temperature": math.nan}, "sampling: temperature must be >= 0, got nan"),
         ({"temperature": math.inf}, "sampling: temperature must be >= 0, got inf"),
-        ({"top_k": -1}, "sampling: top_k must be 0 (off) or an integer >= 1, got -1"),
-        ({"top_k": True}, "sampling: top_k must be 0 (off) or an integer >= 1, got True"),
+        ({"top_k": -1}, "sampling: top_k must be 0 (off) or an integer in [1, 2147483647], got -1"),
+        (
+            {"top_k": True},
+            "sampling: top_k must be 0 (off) or an integer in [1, 2147483647], got True",
+        ),
+        (
+            {"top_k": 10**30},
+            "sampling: top_k must be 0 (off) or an integer in [1, 2147483647], got "
+            "1000000000000000000000000000000",
+        ),
         ({"top_p": 0.0}, "sampling: top_p must be in (0, 1], got 0.0"),
         ({"top_p": 1.5}, "sampling: top_p must be in (0, 1], got 1.5"),
         ({"min_p": -0.1}, "sampling: min_p must be in [0, 1], got -0.1"),
