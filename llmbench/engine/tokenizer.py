@@ -62,6 +62,19 @@ class Tokenizer:
         self.eos_token = eos_token
         self._template = ChatTemplate(chat_template) if chat_template else None
 
+    def with_hf_tokenizer(self, hf_tokenizer: tokenizers.Tokenizer) -> Tokenizer:
+        """This tokenizer (chat template, stop ids, BOS policy) over another `tokenizers` object
+        of the same vocabulary (`serve` wraps it so that encoding releases the GIL)."""
+        return Tokenizer(
+            hf_tokenizer,
+            chat_template=self.chat_template,
+            eos_token_ids=self.eos_token_ids,
+            bos_token_id=self.bos_token_id,
+            add_bos=self.add_bos,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
+
     # -- constructors -------------------------------------------------------------------------
 
     @classmethod

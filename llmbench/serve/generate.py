@@ -101,17 +101,7 @@ def served_tokenizer(tokenizer: EngineTokenizer) -> EngineTokenizer:
     The single ones hold it: encoding 1 MB of text stopped every other thread, the event loop
     included, for ≈ 1 s; through `encode_batch` (the same ids) no pause was over 0.04 s. The
     engine keeps its own tokenizer: its detokenizer's short decodes are faster unbatched."""
-    from llmbench.engine.tokenizer import Tokenizer
-
-    return Tokenizer(
-        _ReleasesTheGil(tokenizer.hf_tokenizer),
-        chat_template=tokenizer.chat_template,
-        eos_token_ids=tokenizer.eos_token_ids,
-        bos_token_id=tokenizer.bos_token_id,
-        add_bos=tokenizer.add_bos,
-        bos_token=tokenizer.bos_token,
-        eos_token=tokenizer.eos_token,
-    )
+    return tokenizer.with_hf_tokenizer(_ReleasesTheGil(tokenizer.hf_tokenizer))
 
 
 class _ReleasesTheGil:
