@@ -9,6 +9,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,6 +19,8 @@ import pytest
 from tests.harness.synthetic_runs import write_run, write_sweep
 from tests.harness.test_run import SMALL, TINY, llmbench
 from tests.reports.browser import open_in_chromium
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 TPOT_GATE = "tpot_ms.p50: {max_increase: 5%}\n"
 
@@ -374,3 +378,55 @@ def test_two_real_tiny_engine_runs_compare_end_to_end(tmp_path):
     itself = compare(folders[0], folders[0], "--format", "json")
     assert itself.returncode == 0, itself.stderr
     assert {g["delta"] for g in json.loads(itself.stdout)["gates"]} == {0.0}
+
+
+def _streaming_server(tpot_ms: float, record: Path):
+    """The known-timing server (`tests.harness.streaming_server`) on a free loopback port."""
+    command = [sys.executable, "-m", "tests.harness.streaming_server", "--port", "0"]
+    command += ["--ttft-ms", "20", "--tpot-ms", str(tpot_ms), "--record", str(record)]
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    port = process.stdout.readline().strip()
+    assert port.isdigit(), f"the streaming server did not start (exit {process.poll()})"
+    return process, f"http://127.0.0.1:{port}/v1"
+
+
+def test_two_servers_at_two_addresses_compare_on_their_latency(tmp_path):
+    """BASE and NEW against servers at different addresses are one benchmark (the address is
+    the system under test, not the benchmark), and two instances of one server are one device:
+    the default server gates catch a 20% slower TPOT with no flag, pass identical servers, and
+    missing input is exit 2."""
+    tpots = (10.0, 10.0, 12.0)
+    servers = [_streaming_server(t, tmp_path / f"server-{i}.jsonl") for i, t in enumerate(tpots)]
+    try:
+        folders = []
+        for name, (_, url) in zip(("base", "same", "slower"), servers, strict=True):
+            folder = tmp_path / name
+            run = llmbench(
+                "run",
+                "chat",
+                *TINY,
+                *("--set", "workload.sessions=6", "--set", "workload.turns=2"),
+                *("--set", "workload.think_time_s=0", "--set", "workload.output_tokens=16"),
+                *("--set", "backend.kind=openai", "--set", f"backend.url={url}"),
+                "--out",
+                str(folder),
+            )
+            assert run.returncode == 0, run.stderr
+            folders.append(folder)
+    finally:
+        for process, _ in servers:
+            process.stdin.close()
+            process.wait(timeout=10)
+    base, same, slower = folders
+    device = json.loads((base / "results.json").read_text())["provenance"]["device"]
+    assert device["name"] == "server (version not said): streaming-test-model"
+    assert compare(base, same).returncode == 0
+    result = compare(base, slower, "--format", "json")
+    assert result.returncode == 1, result.stderr
+    verdicts = {g["metric"]: g["verdict"] for g in json.loads(result.stdout)["gates"]}
+    assert verdicts["tpot_ms.p50"] == "regression"
+    assert verdicts["failed_fraction"] == "pass"
+    assert "regression: tpot_ms.p50 max_increase 10%: tpot_ms.p50 rose" in result.stderr
+    assert compare(base, tmp_path / "no-such-run").returncode == 2
