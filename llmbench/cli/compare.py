@@ -1,5 +1,6 @@
 """`llmbench compare BASE NEW`: the gates judged on two runs (or sweeps), for people and for CI;
-exit 0 pass, 1 regression, 2 unusable input."""
+exit 0 pass, 1 regression, 2 unusable input. `llmbench compare --history DIR`: where each gated
+metric shifted over a folder of runs, exit 1 when the last shift is a regression past a gate."""
 
 from __future__ import annotations
 
@@ -20,8 +21,16 @@ STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown ap
 
 
 @click.command()
-@click.argument("baseline", metavar="BASE", type=click.Path(path_type=Path))
-@click.argument("new", metavar="NEW", type=click.Path(path_type=Path))
+@click.argument("baseline", metavar="[BASE", type=click.Path(path_type=Path), required=False)
+@click.argument("new", metavar="NEW]", type=click.Path(path_type=Path), required=False)
+@click.option(
+    "--history",
+    "history_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="instead of BASE NEW: a folder of run folders of one spec (oldest first by start "
+    "time); names the run where each gated metric shifted (E-Divisive means)",
+)
 @click.option(
     "--gates",
     "gates_path",
@@ -49,10 +58,13 @@ STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown ap
     is_flag=True,
     help="a gate refused or without data does not make the comparison unusable (exit 0 then)",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="bootstrap seed")
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="bootstrap (--history: permutation) seed"
+)
 def compare(
-    baseline: Path,
-    new: Path,
+    baseline: Path | None,
+    new: Path | None,
+    history_path: Path | None,
     gates_path: Path | None,
     fmt: str,
     junit_path: Path | None,
@@ -74,7 +86,19 @@ def compare(
     or without data, each named on stderr, unless --allow-missing). A regression measured on a
     busy machine is inconclusive unless --allow-busy. The Markdown is appended to
     $GITHUB_STEP_SUMMARY when it is set. JSON: a sweep's is {"has_regression", "points":
-    [...]}, one object per point."""
+    [...]}, one object per point.
+
+    With --history DIR instead of BASE NEW: DIR's subfolders are runs of one spec; for each
+    gated metric, one value per run and the runs where its level shifted (E-Divisive means, a
+    seeded permutation test), as a table, JSON (--format json) or an HTML page of the series
+    (--html). Exit 1 when a metric's last shift is a regression past its gate (still there)."""
+    if history_path is not None:
+        if baseline is not None or new is not None:
+            raise UserError("--history DIR takes no BASE or NEW; give either BASE NEW or --history")
+        _history(history_path, gates_path, fmt, html_path, junit_path, force, seed)
+        return
+    if baseline is None or new is None:
+        raise UserError("give BASE and NEW (two run folders), or --history DIR")
     from llmbench.compare import sweep_output
     from llmbench.compare.gates import load_gates
     from llmbench.compare.runs import pair_runs
@@ -142,6 +166,53 @@ def compare(
                     err=True,
                 )
         sys.exit(2)
+
+
+def _history(
+    folder: Path,
+    gates_path: Path | None,
+    fmt: str,
+    html_path: Path | None,
+    junit_path: Path | None,
+    force: bool,
+    seed: int,
+) -> None:
+    """`--history DIR`: change points per gated metric; exit 1 on a regression still there."""
+    from llmbench.compare import history
+    from llmbench.compare.gates import load_gates
+
+    if fmt == "markdown" or junit_path is not None:
+        given = "--junit" if junit_path is not None else "--format markdown"
+        raise UserError(f"{given} is for BASE NEW; --history writes a table, json or --html")
+    runs = history.load_history(folder, force=force)
+    notes: list[str] = []
+    if gates_path is not None:
+        gates = load_gates(gates_path)
+    else:
+        gates, notes = history.history_gates(runs)
+    for r in runs.runs:
+        if r.run.result.provenance.machine_load.is_busy:
+            notes.append(f"{r.name} ran on a busy machine: its numbers are pessimistic")
+        if r.run.result.interrupted:
+            notes.append(f"{r.name} was interrupted ({r.run.result.stop_reason})")
+    for line in notes:
+        click.echo(f"note: {line}", err=True)
+    metrics = history.analyse(runs, gates, seed=seed)
+    missing = [m.info.name for m in metrics if not m.values]
+    if missing:
+        raise UserError(
+            f"no run in {folder} measured {', '.join(missing)}; leave it out of --gates"
+        )
+    click.echo(history.render(runs, metrics, fmt, seed=seed), nl=False)
+    if html_path is not None:
+        from llmbench.reports.history_page import render as render_page
+
+        _write(html_path, render_page(runs, metrics, seed=seed).html, "--html")
+    failing = [m for m in metrics if m.is_failing]
+    for m in failing if fmt != "table" else ():
+        click.echo(f"regression: {history.failing_line(m)}", err=True)
+    if failing:
+        sys.exit(1)
 
 
 def _default_gates(pair: RunPair) -> tuple[Gate, ...]:

@@ -430,3 +430,75 @@ def test_two_servers_at_two_addresses_compare_on_their_latency(tmp_path):
     assert verdicts["failed_fraction"] == "pass"
     assert "regression: tpot_ms.p50 max_increase 10%: tpot_ms.p50 rose" in result.stderr
     assert compare(base, tmp_path / "no-such-run").returncode == 2
+
+
+# -- compare --history DIR -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> Path:
+    """10 runs of one spec; run-06 on are 1.3× slower (a regression that is still there)."""
+    root = tmp_path_factory.mktemp("compare-history") / "history"
+    for i in range(10):
+        write_run(root / f"run-{i:02d}", seed=100 + i, slowdown=1.3 if i >= 6 else 1.0)
+    return root
+
+
+def test_history_names_the_run_where_the_slowdown_began(history, tmp_path):
+    result = compare("--history", history)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.startswith(f"llmbench compare --history {history}: REGRESSION (")
+    assert "10 runs, oldest first by name (a run has no start time): run-00 … run-09" in (
+        result.stdout
+    )
+    assert "tpot_ms.p50 (max_increase 10%): 10 runs, 1 change point; last: REGRESSION" in (
+        result.stdout
+    )
+    assert re.search(
+        r"\n  run-06: 19\.\d+ ms → 2[56]\.\d+ ms \(\+3\d\.\d%\) regression", result.stdout
+    )
+    data = json.loads(compare("--history", history, "--format", "json").stdout)
+    assert data["has_regression"] and data["runs"] == [f"run-{i:02d}" for i in range(10)]
+    for metric in data["metrics"]:  # every default gate: the shift, at run-06, the bad way
+        (point,) = metric["change_points"]
+        assert (point["run"], point["index"], point["is_regression"]) == ("run-06", 6, True)
+        assert point["change"] == pytest.approx(
+            (point["after"] - point["before"]) / point["before"]
+        )
+        assert point["after"] == pytest.approx(sum(metric["values"][6:]) / 4)
+    page = tmp_path / "history.html"
+    assert compare("--history", history, "--html", page).returncode == 1
+    opened = open_in_chromium(page, "figure > svg", tmp_path / "history.png")
+    assert opened.console_errors == [] and opened.requests == []
+    assert len(opened.element_sizes) == len(data["metrics"])
+
+
+def test_history_passes_when_the_shift_is_within_the_gate_or_gone(history, tmp_path):
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("tpot_ms.p50: {max_increase: 50%}\n")
+    result = compare("--history", history, "--gates", gates, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    (metric,) = json.loads(result.stdout)["metrics"]
+    assert [p["run"] for p in metric["change_points"]] == ["run-06"]
+    flat = tmp_path / "flat"
+    for i in range(8):
+        write_run(flat / f"run-{i}", seed=300 + i)
+    assert compare("--history", flat).returncode == 0
+
+
+def test_history_input_mistakes_are_one_line(history, runs, tmp_path):
+    assert "--history DIR takes no BASE or NEW" in one_error_line(
+        compare(runs["base"], "--history", history)
+    )
+    assert "give BASE and NEW (two run folders), or --history DIR" in one_error_line(compare())
+    assert "no such folder" in one_error_line(compare("--history", tmp_path / "nowhere"))
+    mixed = tmp_path / "mixed"
+    shutil.copytree(runs["base"], mixed / "a")
+    assert "a history needs at least 2" in one_error_line(compare("--history", mixed))
+    shutil.copytree(runs["other-workload"], mixed / "b")
+    line = one_error_line(compare("--history", mixed))
+    assert "runs a and b are not the same benchmark: " in line and "--force" in line
+    assert compare("--history", mixed, "--force").returncode == 0
+    assert "--junit is for BASE NEW" in one_error_line(
+        compare("--history", history, "--junit", tmp_path / "x.xml")
+    )
