@@ -95,6 +95,14 @@ def compare(
     if history_path is not None:
         if baseline is not None or new is not None:
             raise UserError("--history DIR takes no BASE or NEW; give either BASE NEW or --history")
+        two_run_only = {
+            "--allow-busy": allow_busy,
+            "--force-devices": force_devices,
+            "--allow-missing": allow_missing,
+        }
+        for option, is_given in two_run_only.items():
+            if is_given:
+                raise UserError(f"{option} is for BASE NEW, not --history; drop it")
         _history(history_path, gates_path, fmt, html_path, junit_path, force, seed)
         return
     if baseline is None or new is None:

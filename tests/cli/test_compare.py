@@ -502,3 +502,10 @@ def test_history_input_mistakes_are_one_line(history, runs, tmp_path):
     assert "--junit is for BASE NEW" in one_error_line(
         compare("--history", history, "--junit", tmp_path / "x.xml")
     )
+
+
+def test_two_run_options_are_refused_with_history(tmp_path):
+    for option in ("--allow-busy", "--force-devices", "--allow-missing"):
+        result = compare("--history", tmp_path, option)
+        assert result.returncode == 2
+        assert result.stderr.strip() == f"error: {option} is for BASE NEW, not --history; drop it"
