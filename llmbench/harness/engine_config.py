@@ -19,17 +19,14 @@ from typing import TYPE_CHECKING
 
 from llmbench.errors import UserError
 from llmbench.harness.spec import (
-    AgenticWorkload,
-    ChatWorkload,
     ConcurrencyLoad,
-    Dist,
     EngineSpec,
     KVCacheDtypeSpec,
     MoEOffloadSpec,
     RunSpec,
     SpeculativeSpec,
-    WorkloadSpec,
 )
+from llmbench.harness.workloads import longest_context_tokens
 from llmbench.roofline.datasheets import link_bandwidth
 
 if TYPE_CHECKING:  # the engine is imported lazily: `llmbench` runs without torch
@@ -74,63 +71,6 @@ def engine_config(
         ),
         moe_offload=None if offload is None else moe_offload_config(offload, device),
     )
-
-
-# Tokens a chat template adds per message (role markers, separators; SmolLM2's and Llama 3's
-# take 4-6) and the workloads' own labels ("Tool result:", "Document 3:"), with room to spare.
-TEMPLATE_TOKENS_PER_MESSAGE = 16
-# `tools_as: api`: each assistant message's tool call (name, JSON arguments, markup), and the
-# template's text around the tool definitions.
-TOOL_CALL_TOKENS = 48
-TOOLS_PREAMBLE_TOKENS = 128
-
-
-def dist_max(dist: Dist) -> float | None:
-    """The largest value `dist` can draw (`workloads.draw`): a uniform's max, a fixed value, an
-    empirical list's largest, a normal's or lognormal's `max` clip; None when unbounded."""
-    if dist.dist == "fixed":
-        return dist.value
-    if dist.dist == "empirical":
-        return max(dist.values)
-    return dist.max  # uniform: its max; normal, lognormal: the ceiling, when given
-
-
-def longest_context_tokens(workload: WorkloadSpec) -> int | None:
-    """The most tokens one request of `workload` can hold, prompt and output, chat template
-    included (`TEMPLATE_TOKENS_PER_MESSAGE` per message); None when a length is unbounded.
-
-    Formula, with every length at its `dist_max` and m messages:
-    chat: system + turns · (user + output) + 16 m, m = 2 turns + 1;
-    rag: system + docs_per_query · document + user + output + 16 m, m = 3 + docs_per_query;
-    agentic: system + tool schemas + user + steps · (tool result + output) + final output
-    + 16 m, m = 2 steps + 3 (and `tools_as: api` its calls and the tools' preamble).
-    """
-    system = workload.system_prompt_tokens
-    user, output = dist_max(workload.user_tokens), dist_max(workload.output_tokens)
-    if isinstance(workload, ChatWorkload):
-        turns = dist_max(workload.turns)
-        if None in (user, output, turns):
-            return None
-        turns = math.ceil(turns)
-        body = system + turns * (user + output)
-        num_messages = 2 * turns + 1
-    elif isinstance(workload, AgenticWorkload):
-        steps, result = dist_max(workload.tool_steps), dist_max(workload.tool_result_tokens)
-        final = dist_max(workload.final_output_tokens)
-        if None in (user, output, steps, result, final):
-            return None
-        steps = math.ceil(steps)
-        body = system + workload.tool_schema_tokens + user + steps * (result + output) + final
-        num_messages = 2 * steps + 3
-        if workload.tools_as == "api":
-            body += steps * TOOL_CALL_TOKENS + TOOLS_PREAMBLE_TOKENS
-    else:  # rag: documents and a question in one user message
-        document = dist_max(workload.document_tokens)
-        if None in (user, output, document):
-            return None
-        body = system + workload.docs_per_query * document + user + output
-        num_messages = 3 + workload.docs_per_query
-    return math.ceil(body) + TEMPLATE_TOKENS_PER_MESSAGE * num_messages
 
 
 def kv_cache_demand(spec: RunSpec) -> KVCacheDemand:

@@ -14,12 +14,12 @@ from llmbench.harness.engine_config import (
     engine_config,
     engine_spec_of_flags,
     kv_cache_demand,
-    longest_context_tokens,
     moe_offload_config,
     parse_moe_offload,
 )
 from llmbench.harness.spec import EngineSpec, KVCacheDtypeSpec, MoEOffloadSpec, SpeculativeSpec
 from llmbench.harness.spec_load import load_spec
+from llmbench.harness.workloads import longest_context_tokens
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
