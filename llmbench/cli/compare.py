@@ -224,27 +224,18 @@ def _history(
 
 
 def _default_gates(pair: RunPair) -> tuple[Gate, ...]:
-    """The shipped gates for what BASE and NEW are (`gates.default_gates`): by backend, device
-    and SLOs; latency gates only where both sides kept their requests (a results file alone
-    has none)."""
-    from llmbench.compare.gates import default_gates
+    """The shipped gates for what BASE and NEW are (`runs.default_gates_of`), saying which
+    latency gates it left out."""
+    from llmbench.compare.runs import default_gates_of
 
-    base, new = pair.baseline, pair.new
-    gates = default_gates(
-        base.result.provenance.backend,
-        is_same_device=base.samples.device == new.samples.device,
-        has_slo=bool(base.result.spec.get("slo")) and bool(new.result.spec.get("slo")),
-    )
-    if base.has_records and new.has_records:
-        return gates
-    left_out = [g.name for g in gates if g.info.is_per_request]
+    gates, left_out = default_gates_of([pair.baseline, pair.new])
     if left_out:
         click.echo(
             f"note: default latency gates left out ({', '.join(left_out)}): a side has no "
             "requests.jsonl",
             err=True,
         )
-    return tuple(g for g in gates if not g.info.is_per_request)
+    return gates
 
 
 def _notes(pair: RunPair, uses_latency: bool, uses_repetitions: bool) -> list[str]:

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from llmbench.compare.gates import Gate, MetricInfo, default_gates
-from llmbench.compare.runs import LoadedRun, differences, load_side
+from llmbench.compare.gates import Gate, MetricInfo
+from llmbench.compare.runs import LoadedRun, default_gates_of, differences, load_side
 from llmbench.errors import UserError
 
 MIN_SIZE = 3  # runs on each side of a split: fewer cannot tell a shift from one noisy run
@@ -167,22 +167,16 @@ def load_history(folder: Path, *, force: bool = False) -> History:
 
 
 def history_gates(history: History) -> tuple[tuple[Gate, ...], list[str]]:
-    """The shipped gates for the history's runs (`gates.default_gates`: the first run's backend,
-    raw latency and rates when every run is on one device, goodput when every spec sets SLOs);
-    the latency gates only when every run kept its requests. Returns (gates, notes)."""
+    """The shipped gates for the history's runs (`runs.default_gates_of`). Returns (gates,
+    notes)."""
     runs = [r.run for r in history.runs]
-    gates = default_gates(
-        runs[0].result.provenance.backend,
-        is_same_device=len({r.samples.device for r in runs}) == 1,
-        has_slo=all(bool(r.result.spec.get("slo")) for r in runs),
-    )
-    without = [r.path.parent.name for r in runs if not r.has_records]
-    left_out = [g.name for g in gates if g.info.is_per_request]
-    if not without or not left_out:
+    gates, left_out = default_gates_of(runs)
+    if not left_out:
         return gates, []
+    without = [r.path.parent.name for r in runs if not r.has_records]
     note = f"default latency gates left out ({', '.join(left_out)}): {without[0]} has no "
     note += "requests.jsonl"
-    return tuple(g for g in gates if not g.info.is_per_request), [note]
+    return gates, [note]
 
 
 def run_value(run: LoadedRun, info: MetricInfo) -> float | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmbench.compare.gates import metric_info
+from llmbench.compare.gates import Gate, default_gates, metric_info
 from llmbench.compare.verdict import RunSamples
 from llmbench.errors import UserError
 from llmbench.harness import metrics, record_log
@@ -141,6 +141,22 @@ def per_repetition_values(result: RunResult, where: str) -> dict[str, list[float
             None if rate is None else rate / gb_per_s for rate in rates
         ]
     return values
+
+
+def default_gates_of(runs: Sequence[LoadedRun]) -> tuple[tuple[Gate, ...], list[str]]:
+    """The shipped gates for `runs` judged together (`gates.default_gates`): the first run's
+    backend, raw latency and rates when every run is on one device, goodput when every spec
+    sets SLOs; the latency gates only when every run kept its requests (a results file alone has
+    none). Returns (gates, the names of the latency gates left out)."""
+    gates = default_gates(
+        runs[0].result.provenance.backend,
+        is_same_device=len({r.samples.device for r in runs}) == 1,
+        has_slo=all(bool(r.result.spec.get("slo")) for r in runs),
+    )
+    if all(r.has_records for r in runs):
+        return gates, []
+    left_out = [g.name for g in gates if g.info.is_per_request]
+    return tuple(g for g in gates if not g.info.is_per_request), left_out
 
 
 def device_label(device: Device) -> str:
