@@ -11,6 +11,7 @@ The order, lowest first:
     3  harness    specs, workloads, load, driver, backends, metrics, results, runs
     4  compare    gates, verdicts, CI outputs
     5  reports    figures, HTML, Markdown — from results files alone
+    5  ab         interleaved A/B runs: sides, builds of git refs, rounds
     6  cli        the commands
 """
 
@@ -32,7 +33,8 @@ ALLOWED = {
     "harness": {"roofline", "engine", "kernels"},  # engine and torch only lazily
     "compare": {"harness", "roofline"},
     "reports": {"compare", "harness", "roofline"},
-    "cli": {"kernels", "engine", "roofline", "serve", "harness", "compare", "reports"},
+    "ab": {"compare", "harness", "roofline"},
+    "cli": {"kernels", "engine", "roofline", "serve", "harness", "compare", "ab", "reports"},
 }
 BASE = {"llmbench", "llmbench.errors"}  # the version and the error types: every layer but kernels
 HEAVY = ("torch", "llmbench.engine", "llmbench.kernels")

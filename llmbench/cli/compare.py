@@ -16,6 +16,7 @@ from llmbench.errors import UserError
 if TYPE_CHECKING:  # the harness is imported when the command runs
     from llmbench.compare.gates import Gate
     from llmbench.compare.runs import RunPair
+    from llmbench.compare.verdict import Comparison
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown appended here
 
@@ -107,10 +108,8 @@ def compare(
         return
     if baseline is None or new is None:
         raise UserError("give BASE and NEW (two run folders), or --history DIR")
-    from llmbench.compare import sweep_output
     from llmbench.compare.gates import load_gates
     from llmbench.compare.runs import pair_runs
-    from llmbench.compare.verdict import WHAT_TO_PASS
     from llmbench.compare.verdict import compare as judge_gates
 
     pairs = pair_runs(baseline, new, force=force)
@@ -135,17 +134,33 @@ def compare(
     for pair in pairs:
         for line in _notes(pair, uses_latency, uses_repetitions):
             click.echo(f"note: {line}", err=True)
+    emit_verdicts(points, pairs, fmt, junit_path, html_path)
+
+
+def emit_verdicts(
+    points: list[tuple[str | None, Comparison]],
+    pairs: list[RunPair],
+    fmt: str,
+    junit_path: Path | None,
+    html_path: Path | None,
+) -> None:
+    """The verdicts on stdout in `fmt`, the JUnit and HTML files, the Markdown on
+    $GITHUB_STEP_SUMMARY, and the exit: 1 on a regression, 2 when a gate gave no verdict (each
+    named on stderr), else 0. `pairs` (one per point) are what the HTML page draws."""
+    from llmbench.compare import sweep_output
+    from llmbench.compare.verdict import WHAT_TO_PASS
+
     click.echo(sweep_output.render(points, fmt), nl=False)
     if junit_path is not None:
-        _write(junit_path, sweep_output.render_junit(points), "--junit")
+        write_text(junit_path, sweep_output.render_junit(points), "--junit")
     if html_path is not None:
         from llmbench.reports.compare_page import render as render_page
 
         page = render_page(list(zip(pairs, (c for _, c in points), strict=True)))
-        _write(html_path, page.html, "--html")
+        write_text(html_path, page.html, "--html")
     step_summary = os.environ.get(STEP_SUMMARY_ENV)
     if step_summary:
-        _write(
+        write_text(
             Path(step_summary),
             sweep_output.render_markdown(points) + "\n",
             f"${STEP_SUMMARY_ENV}",
@@ -153,10 +168,14 @@ def compare(
         )
     # The table explains each verdict under it; Markdown and JSON go to files and bots, so the
     # people reading the log get the verdicts that need a look on stderr.
+    errors_follow = not sweep_output.has_regression(points)  # then the refused are errors below
     for point, comparison in points if fmt != "table" else ():
         where = f"{point}: " if point else ""
+        shown = ("regression", "inconclusive")
+        if not (errors_follow and comparison.is_unusable):
+            shown += ("refused",)
         for result in comparison.results:
-            if result.verdict in ("regression", "inconclusive", "refused"):
+            if result.verdict in shown:
                 click.echo(
                     f"{result.verdict}: {where}{result.gate.name}: {result.reason}", err=True
                 )
@@ -215,7 +234,7 @@ def _history(
     if html_path is not None:
         from llmbench.reports.history_page import render as render_page
 
-        _write(html_path, render_page(runs, metrics, seed=seed).html, "--html")
+        write_text(html_path, render_page(runs, metrics, seed=seed).html, "--html")
     failing = [m for m in metrics if m.is_failing]
     for m in failing if fmt != "table" else ():
         click.echo(f"regression: {history.failing_line(m)}", err=True)
@@ -269,7 +288,7 @@ def _notes(pair: RunPair, uses_latency: bool, uses_repetitions: bool) -> list[st
     return lines
 
 
-def _write(path: Path, text: str, option: str, append: bool = False) -> None:
+def write_text(path: Path, text: str, option: str, append: bool = False) -> None:
     try:
         with path.open("a" if append else "w") as f:
             f.write(text)

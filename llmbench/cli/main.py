@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from llmbench.cli.ab import ab
 from llmbench.cli.compare import compare
 from llmbench.cli.generate import generate
 from llmbench.cli.merge import merge
@@ -35,6 +36,7 @@ def cli() -> None:
 for command in (generate, run, report, export, serve, hardware_command, roofline, inspect, models):
     cli.add_command(command)
 cli.add_command(compare)
+cli.add_command(ab)
 cli.add_command(merge)
 cli.add_command(quality)
 cli.add_command(profile)

@@ -70,7 +70,7 @@ def prune(
     while the workload's sessions run through the engine. Writes an HF safetensors folder (with
     pruning.json) that llmbench loads, and prints size, decode speed and quality before and
     after."""
-    from llmbench.cli.run import _workload_path
+    from llmbench.cli.run import workload_path
     from llmbench.harness.moe_prune_study import PruneSettings, check_out, format_report, prune
     from llmbench.harness.spec_load import load_spec
 
@@ -82,7 +82,7 @@ def prune(
             f"{tokens}, {decode_tokens}"
         )
     check_out(out)
-    spec = load_spec(_workload_path(workload), list(overrides))
+    spec = load_spec(workload_path(workload), list(overrides))
     settings = PruneSettings(
         model=model,
         spec=spec,

@@ -118,7 +118,7 @@ def run(
     if repeat is not None and repeat < 1:
         raise UserError(f"--repeat {repeat}: must be >= 1")
     sets = [*overrides, *([f"repeat={repeat}"] if repeat is not None else [])]
-    spec, variants = load_variants(_workload_path(workload), sets, vary)
+    spec, variants = load_variants(workload_path(workload), sets, vary)
     if variants and shard is not None:
         raise UserError("--shard: not with variants; shard a run of one configuration")
     own_shard = shards.from_options(shard, start_at, spec)
@@ -252,7 +252,7 @@ def _rebuild_missing_results(folder: Path) -> None:
             )
 
 
-def _workload_path(workload: str) -> Path:
+def workload_path(workload: str) -> Path:
     """A YAML path, or the name of a shipped workload; a name that is neither is one line, with
     the closest shipped name when one is close (`chta`: did you mean chat?)."""
     path = Path(workload)

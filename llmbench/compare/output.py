@@ -86,7 +86,8 @@ def outcome(comparison: Comparison) -> str:
 
 
 def _title(comparison: Comparison) -> str:
-    return f"llmbench compare: {outcome(comparison)} ({_counts(comparison)})"
+    rounds = "" if comparison.num_rounds is None else f"; {comparison.num_rounds} paired rounds"
+    return f"{comparison.command}: {outcome(comparison)} ({_counts(comparison)}{rounds})"
 
 
 def _ci_label(comparison: Comparison) -> str:
@@ -146,11 +147,11 @@ def render_junit(comparison: Comparison) -> str:
     gate an <error> (no silent pass; <skipped> when missing verdicts are allowed), an
     inconclusive one <skipped>; every case carries its reason."""
     tags = [_junit_tag(r.verdict, comparison.allow_missing) for r in comparison.results]
-    suites = ET.Element("testsuites", name="llmbench compare")
+    suites = ET.Element("testsuites", name=comparison.command)
     suite = ET.SubElement(
         suites,
         "testsuite",
-        name="llmbench compare",
+        name=comparison.command,
         tests=str(len(tags)),
         failures=str(tags.count("failure")),
         errors=str(tags.count("error")),
@@ -169,7 +170,11 @@ def render_junit(comparison: Comparison) -> str:
         ET.SubElement(properties, "property", name=name, value=value)
     for result in comparison.results:
         case = ET.SubElement(
-            suite, "testcase", classname="llmbench.compare", name=result.gate.name, time="0"
+            suite,
+            "testcase",
+            classname=comparison.command.replace(" ", "."),
+            name=result.gate.name,
+            time="0",
         )
         tag = _junit_tag(result.verdict, comparison.allow_missing)
         if tag is not None:
@@ -229,6 +234,7 @@ def to_dict(comparison: Comparison) -> dict[str, Any]:
         "confidence": comparison.confidence,
         "num_resamples": comparison.num_resamples,
         "seed": comparison.seed,
+        "num_rounds": comparison.num_rounds,  # paired rounds of `llmbench ab`; null: two runs
         "gates": gates,
     }
 

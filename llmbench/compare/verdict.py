@@ -119,6 +119,12 @@ class Comparison:
     num_resamples: int
     seed: int
     allow_missing: bool = False  # refused and no-data gates do not make it unusable
+    num_rounds: int | None = None  # an A/B run's paired rounds (`paired`); None: two runs
+
+    @property
+    def command(self) -> str:
+        """The command that judged it, as its outputs name it."""
+        return "llmbench compare" if self.num_rounds is None else "llmbench ab"
 
     @property
     def regressions(self) -> tuple[GateResult, ...]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 import threading
@@ -33,8 +34,20 @@ def _version(package: str) -> str | None:
         return None
 
 
+# Holds `$Format:%H$` in a checkout; `git archive` writes the commit there (.gitattributes).
+ARCHIVED_COMMIT = Path(__file__).resolve().parents[1] / "COMMIT"
+
+
 def git_sha() -> str | None:
-    """The commit of the llmbench source in use (None outside a git checkout)."""
+    """The commit of the llmbench source in use: the one `git archive` wrote into
+    `ARCHIVED_COMMIT` (a build of a git ref, `llmbench ab`), else the checkout's HEAD (with
+    "-dirty" when tracked files changed); None outside both."""
+    try:
+        archived = ARCHIVED_COMMIT.read_text().strip()
+    except OSError:
+        archived = ""
+    if re.fullmatch(r"[0-9a-f]{40}", archived):
+        return archived
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(

@@ -30,8 +30,9 @@ RUN_FILES = (
     "variants.json",
     "report.html",
     "report.md",
+    "ab.json",  # an A/B run's (`llmbench ab`), with its round-NN/ folders
 )
-RUN_FOLDERS = ("point-*", "variants", "shards", "figures", "export")
+RUN_FOLDERS = ("point-*", "variants", "shards", "figures", "export", "round-*")
 
 # The errors of a disk that has no room left: the message then says how much is free.
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)

@@ -228,6 +228,16 @@ def section(pair: RunPair, comparison: Comparison) -> Section:
     )
 
 
+def _method(comparison: Comparison) -> str:
+    """How the intervals were taken, for the subtitle."""
+    if comparison.num_rounds is None:
+        return "bootstrap intervals"
+    return (
+        f"paired bootstrap intervals over {comparison.num_rounds} rounds (each side's rounds "
+        "pooled in the figures)"
+    )
+
+
 def render(compared: Sequence[tuple[RunPair, Comparison]]) -> Page:
     """The page of a whole comparison: one section per pair (per sweep point)."""
     sections = [section(pair, comparison) for pair, comparison in compared]
@@ -242,8 +252,8 @@ def render(compared: Sequence[tuple[RunPair, Comparison]]) -> Page:
     return render_page(
         "compare.html.j2",
         [plot for s in sections for plot in s.plots],
-        title=f"llmbench compare: {verdict}",
-        subtitle=f"BASE in blue, NEW in orange · {first.confidence * 100:g}% bootstrap "
-        f"intervals, {first.num_resamples} resamples, seed {first.seed}",
+        title=f"{first.command}: {verdict}",
+        subtitle=f"BASE in blue, NEW in orange · {first.confidence * 100:g}% {_method(first)}, "
+        f"{first.num_resamples} resamples, seed {first.seed}",
         sections=sections,
     )

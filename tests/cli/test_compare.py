@@ -9,13 +9,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from tests.cli.helpers import streaming_server
 from tests.harness.synthetic_runs import write_run, write_sweep
 from tests.harness.test_run import SMALL, TINY, llmbench
 from tests.reports.browser import open_in_chromium
@@ -288,8 +287,7 @@ def test_a_busy_machine_makes_a_regression_inconclusive_unless_allowed(runs):
 def test_raw_gates_are_refused_between_devices_unless_forced(runs, tpot_gates):
     result = compare(runs["base"], runs["gpu-slower"], "--gates", tpot_gates, "--format", "json")
     assert result.returncode == 2  # a refused gate is no verdict, not a pass
-    refused, error = result.stderr.splitlines()
-    assert refused.startswith("refused: tpot_ms.p50 max_increase 5%: tpot_ms.p50 is a raw time")
+    (error,) = result.stderr.splitlines()  # said once, as the error it is
     assert error.startswith("error: tpot_ms.p50 max_increase 5%: refused: tpot_ms.p50 is a raw")
     assert error.endswith(
         "pass --force-devices to compare raw numbers across devices, or gate a "
@@ -380,25 +378,13 @@ def test_two_real_tiny_engine_runs_compare_end_to_end(tmp_path):
     assert {g["delta"] for g in json.loads(itself.stdout)["gates"]} == {0.0}
 
 
-def _streaming_server(tpot_ms: float, record: Path):
-    """The known-timing server (`tests.harness.streaming_server`) on a free loopback port."""
-    command = [sys.executable, "-m", "tests.harness.streaming_server", "--port", "0"]
-    command += ["--ttft-ms", "20", "--tpot-ms", str(tpot_ms), "--record", str(record)]
-    process = subprocess.Popen(
-        command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    port = process.stdout.readline().strip()
-    assert port.isdigit(), f"the streaming server did not start (exit {process.poll()})"
-    return process, f"http://127.0.0.1:{port}/v1"
-
-
 def test_two_servers_at_two_addresses_compare_on_their_latency(tmp_path):
     """BASE and NEW against servers at different addresses are one benchmark (the address is
     the system under test, not the benchmark), and two instances of one server are one device:
     the default server gates catch a 20% slower TPOT with no flag, pass identical servers, and
     missing input is exit 2."""
     tpots = (10.0, 10.0, 12.0)
-    servers = [_streaming_server(t, tmp_path / f"server-{i}.jsonl") for i, t in enumerate(tpots)]
+    servers = [streaming_server(t, tmp_path / f"server-{i}.jsonl") for i, t in enumerate(tpots)]
     try:
         folders = []
         for name, (_, url) in zip(("base", "same", "slower"), servers, strict=True):
@@ -423,7 +409,8 @@ def test_two_servers_at_two_addresses_compare_on_their_latency(tmp_path):
     device = json.loads((base / "results.json").read_text())["provenance"]["device"]
     assert device["name"] == "server (version not said): streaming-test-model"
     assert compare(base, same).returncode == 0
-    result = compare(base, slower, "--format", "json")
+    # --allow-busy: the servers run on this machine, which a neighbour may keep busy.
+    result = compare(base, slower, "--format", "json", "--allow-busy")
     assert result.returncode == 1, result.stderr
     verdicts = {g["metric"]: g["verdict"] for g in json.loads(result.stdout)["gates"]}
     assert verdicts["tpot_ms.p50"] == "regression"

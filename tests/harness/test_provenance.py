@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from llmbench.harness import provenance
 from llmbench.harness.provenance import LoadMonitor, local_server_pids
@@ -135,3 +136,16 @@ def test_collect_takes_the_spec_fields_and_this_machine():
     assert block.versions["torch"].startswith("2.")
     assert block.hardware is None
     assert block.git_sha is None or len(block.git_sha.removesuffix("-dirty")) == 40
+
+
+def test_git_sha_of_a_build_is_the_commit_git_archive_wrote(tmp_path, monkeypatch):
+    """A build of a git ref (`llmbench ab`) is no checkout: `git archive` expanded COMMIT."""
+    archived = tmp_path / "COMMIT"
+    archived.write_text("0123456789abcdef0123456789abcdef01234567\n")
+    monkeypatch.setattr(provenance, "ARCHIVED_COMMIT", archived)
+    assert provenance.git_sha() == "0123456789abcdef0123456789abcdef01234567"
+    archived.write_text("$Format:%H$\n")  # a checkout: not expanded, so git says
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    assert provenance.git_sha().removesuffix("-dirty") == head
