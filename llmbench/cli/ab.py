@@ -181,12 +181,11 @@ def _process(side: Side, common: tuple[str, ...]) -> SideProcess:
     from llmbench.ab.builds import build, builds_cache
     from llmbench.ab.rounds import SideProcess
 
-    python, label = Path(sys.executable), side.items
-    if side.ref is not None:
-        made = build(Path.cwd(), side.ref, builds_cache(), log=_say)
-        python = made.python
-        label = " ".join(filter(None, [made.label, side.given_overrides]))
-    return SideProcess(side.name, label, python, (*common, *side.overrides))
+    if side.ref is None:
+        return SideProcess(side.name, side.items, Path(sys.executable), (*common, *side.overrides))
+    made = build(Path.cwd(), side.ref, builds_cache(), log=_say)
+    label = " ".join(filter(None, [made.label, side.given_overrides]))
+    return SideProcess(side.name, label, made.python, (*common, *side.overrides))
 
 
 def _judge(

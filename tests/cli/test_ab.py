@@ -116,31 +116,28 @@ def test_a_folder_holding_a_run_is_refused(tmp_path):
     assert f"--out {out}: holds a run already (ab.json)" in line
 
 
-def test_a_git_ref_build_against_the_working_tree_on_the_engine(tmp_path):
-    """BASE is llmbench at HEAD, built into its own environment; NEW this checkout. Both run
-    the tiny engine; every round is a pair of whole runs and the verdict has numbers."""
+def test_a_git_ref_build_against_the_working_tree(servers, tmp_path):
+    """BASE is llmbench at HEAD, built into its own environment; NEW this checkout; both drive
+    one server (the engine sides are in docs/ci-gates.md's runnable block). Every round is a
+    pair of whole runs, the build's runs say which commit ran, and the verdict has numbers."""
     out = tmp_path / "ab"
     result = ab(
-        "chat", *QUICK, "--base", "git:HEAD", "--rounds", 3, "--out", out, "--format", "json",
+        "chat", *QUICK, "--set", "backend.kind=openai", "--set", f"backend.url={servers[0]}",
+        "--base", "git:HEAD", "--rounds", 3, "--out", out, "--format", "json", "--allow-busy",
     )  # fmt: skip
-    # Two processes on a shared 2-core machine may truly differ by more than the gates allow.
-    assert result.returncode in (0, 1), result.stderr
-    head = subprocess.run(
-        ["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
-    ).stdout.strip()
-    assert f"building git:HEAD ({head})" in result.stderr
+    assert result.returncode in (0, 1), result.stderr  # one server: 0 unless it drifted
+    git = ["git", "rev-parse", "HEAD"]
+    full = subprocess.run(git, capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip()
+    assert f"git:HEAD ({full[:7]})" in result.stderr  # built now, or reused from the cache
     record = json.loads((out / "ab.json").read_text())
-    assert record["sides"]["BASE"]["label"] == f"git:HEAD ({head})"
+    assert record["sides"]["BASE"]["label"] == f"git:HEAD ({full[:7]})"
     assert record["sides"]["NEW"]["label"] == "the spec as it is"
     data = json.loads(result.stdout)
-    metrics = [g["metric"] for g in data["gates"]]
-    assert metrics[:3] == ["decode_mbu", "output_tok_per_s_per_gb_s", "prefill_mfu"]
-    assert "tpot_ms.p50" in metrics  # one device: raw latency gated too
+    assert "tpot_ms.p50" in [g["metric"] for g in data["gates"]]
     for gate in data["gates"]:
-        assert gate["baseline"] > 0 and gate["new"] > 0 and gate["delta_ci"][0] is not None
-    full = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
-    ).stdout.strip()
+        assert gate["new"] is not None, gate
+        if gate["rule"] in ("max_increase", "max_decrease"):
+            assert gate["delta_ci"][0] is not None, gate
     for r in record["rounds"]:  # the build says which commit ran (git archive wrote it)
         provenance = json.loads((out / r["base"] / "results.json").read_text())["provenance"]
         assert provenance["git_sha"] == full
