@@ -1,9 +1,10 @@
 """results.json: a run's typed, versioned result (`RunResult`), written and read here only.
 
 `write_results` writes the file atomically, `read_results` reads it back and checks its
-`schema_version`: the current version (4) is read strictly (a missing or unexpected key is an
-error naming it), versions 3, 2 and 1 are migrated (`_migrate_v3`, ...: the keys a later
-version added get the values an older run had), anything else is refused in one line that names
+`schema_version`: the current version (5) is read strictly (a missing or unexpected key is an
+error naming it), versions 4, 3, 2 and 1 are migrated (`_migrate_v3`, ...: the keys a later
+version added get the values an older run had; version 5's one key has a default, null, that
+a version-4 file reads as), anything else is refused in one line that names
 the file, the version found and the versions this llmbench reads. What each version holds is
 docs/results-schema.md.
 
@@ -30,8 +31,8 @@ from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spread import spread
 from llmbench.harness.yaml_source import SpecError
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)  # 1 to 3 are migrated on read
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)  # 1 to 4 are migrated on read
 RESULTS_FILE = "results.json"
 
 
@@ -77,6 +78,9 @@ class Probe:
     median_per_s: float | None = None
     spread: float | None = None  # 1 − fastest / slowest run's time
     converged: bool | None = None  # its best runs agreed (`hardware.has_converged`)
+    # A bandwidth probe's best rate on each fresh allocation (`ceilings.allocation_spread`);
+    # null for a matmul, and in files from before version 5.
+    allocation_best_per_s: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -295,7 +299,7 @@ def read_results(path: Path) -> RunResult:
         data = _migrate_v3(_migrate_v2(data))
     elif version == 3:
         data = _migrate_v3(data)
-    elif version != SCHEMA_VERSION:
+    elif version not in (4, SCHEMA_VERSION):  # 4: `Probe.allocation_best_per_s` reads as null
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)
         found = "none" if version is None else repr(version)
         newer = isinstance(version, int) and version > SCHEMA_VERSION

@@ -88,7 +88,7 @@ def test_round_trip_write_read_equal(tmp_path):
     result = a_result()
     path = results.write_results(tmp_path, result)
     assert path == tmp_path / "results.json"
-    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 4
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 5
     assert results.read_results(tmp_path) == result
     assert results.read_results(path) == result  # the file or its folder
     assert not (tmp_path / "results.json.tmp").exists()  # written atomically
@@ -114,7 +114,7 @@ def _write(tmp_path, data) -> None:
 @pytest.mark.parametrize(
     "version, found, hint",
     [
-        (5, "5", "upgrade llmbench to read it"),
+        (6, "6", "upgrade llmbench to read it"),
         (99, "99", "upgrade llmbench to read it"),
         (0, "0", "is it an llmbench results file?"),
         ("2", "'2'", "is it an llmbench results file?"),
@@ -132,7 +132,7 @@ def test_an_unknown_schema_version_is_refused_in_one_line(tmp_path, version, fou
         results.read_results(tmp_path)
     path = tmp_path / "results.json"
     assert str(error.value) == (
-        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4: {hint}"
+        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5: {hint}"
     )
 
 
@@ -185,7 +185,7 @@ def test_version_2_is_migrated_as_one_repetition(tmp_path):
     assert migrated.provenance == whole.provenance and migrated.roofline == whole.roofline
     # Written back, it is a version-3 file that reads the same.
     results.write_results(tmp_path, migrated)
-    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 4
+    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 5
     assert results.read_results(tmp_path) == migrated
 
 
@@ -280,3 +280,40 @@ def test_a_version_3_spec_reads_with_the_fields_version_4_added_at_their_default
     migrated = results.read_results(tmp_path)
     assert migrated.spec == spec.to_dict()
     assert spec_differences(migrated.spec, spec.to_dict()) == []
+
+
+def test_a_bandwidth_probes_allocations_round_trip_and_a_version_4_file_reads_them_as_null(
+    tmp_path,
+):
+    """Version 5 added `allocation_best_per_s` (each fresh buffer's best read rate); a version-4
+    probe lacks it and reads as null."""
+    result = a_result()
+    read = dataclasses.replace(
+        result.provenance.hardware.probes["read"],
+        best_per_s=30.2e9,
+        allocation_best_per_s=(29.8e9, 30.2e9, 12.6e9),
+    )
+    hardware = dataclasses.replace(
+        result.provenance.hardware, probes={**result.provenance.hardware.probes, "read": read}
+    )
+    result = dataclasses.replace(
+        result, provenance=dataclasses.replace(result.provenance, hardware=hardware)
+    )
+    results.write_results(tmp_path, result)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["provenance"]["hardware"]["probes"]["read"]["allocation_best_per_s"] == [
+        29.8e9,
+        30.2e9,
+        12.6e9,
+    ]
+    assert data["provenance"]["hardware"]["probes"]["float16"]["allocation_best_per_s"] is None
+    back = results.read_results(tmp_path)
+    assert back == result
+    assert back.provenance.hardware.probes["read"].allocation_best_per_s == (29.8e9, 30.2e9, 12.6e9)
+    data["schema_version"] = 4
+    for probe in data["provenance"]["hardware"]["probes"].values():
+        del probe["allocation_best_per_s"]
+    _write(tmp_path, data)
+    old = results.read_results(tmp_path)
+    assert old.provenance.hardware.probes["read"].allocation_best_per_s is None
+    assert old.provenance.hardware.probes["read"].best_per_s == 30.2e9

@@ -41,11 +41,17 @@ def test_measured_bandwidth_has_every_probe_and_rates_from_its_runs():
     if threads > 1:
         names |= {"read_1thread", "copy_1thread", "triad_1thread"}
     assert set(roofs["probes"]) | set(roofs["skipped"]) == names
-    for probe in roofs["probes"].values():
-        assert ceilings.MIN_BUFFER_BYTES <= probe["size"] <= ceilings.MAX_PROBE_BYTES // 3
+    for name, probe in roofs["probes"].items():
+        # A round's buffers take at most 576 MiB: the read's one, or the triad's three.
+        num_buffers = {"read": 1, "copy": 2, "triad": 3}[name.split("_")[0]]
+        assert ceilings.MIN_BUFFER_BYTES <= probe["size"]
+        assert num_buffers * probe["size"] <= ceilings.MAX_PROBE_BYTES
         assert probe["unit"] == "B/s" and probe["repeats"] >= 1
         assert probe["best_per_s"] >= probe["median_per_s"] > 0 and 0 <= probe["spread"] < 1
+        # Each fresh allocation's best run; the probe's best is the best of them.
+        assert max(probe["allocation_best_per_s"]) == probe["best_per_s"]
     read = roofs["probes"]["read"]
+    assert read["size"] == 3 * roofs["probes"]["copy"]["size"]  # the triad's three buffers' bytes
     assert roofs["read_bytes_per_s"] == read["best_per_s"] == read["size"] / read["seconds"]
     assert (read["method"], read["threads"]) == ("read-only sum", threads)
     copy = roofs["probes"]["copy"]
@@ -90,10 +96,14 @@ def test_a_loaded_machine_overruns_a_tiny_budget_by_one_run_at_most(monkeypatch)
     monkeypatch.setattr(ceilings, "MATMULS", {})  # none may run: any would be a KeyError
     roofs = ceilings.measure("cpu", budget_s=0.3, clock=clock)
     assert clock.t == 8.0  # read: warm-up + 1 run, copy: warm-up + 1 run
-    assert ran == ["buffer", "read", "read", "buffer", "copy", "copy"]
+    # The read's own buffer, then copy's two (made after the read's was let go).
+    assert ran == ["buffer", "read", "read", "buffer", "buffer", "copy", "copy"]
     assert {name: p["repeats"] for name, p in roofs["probes"].items()} == {"read": 1, "copy": 1}
-    size = roofs["probes"]["read"]["size"]
-    assert roofs["read_bytes_per_s"] == size / 2.0 and roofs["copy_bytes_per_s"] == 2 * size / 2.0
+    size = roofs["probes"]["copy"]["size"]
+    assert roofs["probes"]["read"]["size"] == 3 * size  # one buffer of the triad's three's bytes
+    assert (
+        roofs["read_bytes_per_s"] == 3 * size / 2.0 and roofs["copy_bytes_per_s"] == 2 * size / 2.0
+    )
     assert roofs["matmul_flops_per_s"] == {}
     assert roofs["skipped"][-4:] == list(ceilings.MATMUL_DTYPES)
     for dtype in ceilings.MATMUL_DTYPES:
@@ -190,6 +200,7 @@ def fake_probe(unit: str = "B/s", best_per_s: float = 1e9, converged: bool = Tru
         "median_per_s": best_per_s,
         "spread": 0.0,
         "converged": converged,
+        "allocation_best_per_s": [best_per_s] if unit == "B/s" else None,
     }
 
 
@@ -484,7 +495,7 @@ def test_notes_name_unsettled_probes_and_a_read_roof_below_one_thread():
         "read_1thread spread 77%, bfloat16 spread 34%; a busy machine? re-measure on a quiet "
         "one with `llmbench hardware --refresh`",
         "one thread read 22.5 GB/s, more than 2 threads' 11.2 GB/s (the read roof): other "
-        "processes had the cores, so the roof is low",
+        "processes, or the VM's host, had the cores, so the roof is low",
     ]
     # One thread within 3% of all of them is noise, not a low roof.
     roofs["probes"]["read_1thread"] = fake_probe(best_per_s=11.5e9)
@@ -560,3 +571,160 @@ def test_last_level_cache_is_every_instance_of_the_highest_level(tmp_path):
 
 def test_this_machine_has_a_last_level_cache_size():
     assert ceilings.llc_bytes() is None or ceilings.llc_bytes() >= 1 << 20
+
+
+def test_allocation_spread_of_given_rates():
+    """Four allocations' best runs, GB/s: 12.6 (a slow moment), 29.4, 29.8, 30.2."""
+    moved = ceilings.allocation_spread([29.4e9, 12.6e9, 30.2e9, 29.8e9])
+    assert moved["min_per_s"] == 12.6e9 and moved["max_per_s"] == 30.2e9
+    assert moved["median_per_s"] == pytest.approx(29.6e9)  # (29.4 + 29.8) / 2
+    assert moved["spread"] == pytest.approx(1 - 12.6 / 30.2)  # 0.583
+    assert ceilings.allocation_spread([25e9]) == {
+        "min_per_s": 25e9,
+        "median_per_s": 25e9,
+        "max_per_s": 25e9,
+        "spread": 0.0,
+    }
+
+
+@pytest.mark.parametrize(
+    "read, alone, settled",
+    [
+        ([0.020, 0.0201, 0.0202], [0.040, 0.041], True),  # 2 threads twice one: a roof
+        ([0.020, 0.0201, 0.0202], None, True),  # no one-thread probe (one thread, a GPU)
+        ([0.020, 0.0201, 0.0202], [], True),  # the one-thread probe got no run
+        ([0.046, 0.0461, 0.0462], [0.040], False),  # 2 threads slower than one: not there
+        ([0.0412, 0.0413, 0.0414], [0.040], True),  # 3% slower: within the tolerance
+        ([0.020, 0.030, 0.040], [0.040], False),  # not converged
+    ],
+)
+def test_a_bandwidth_probe_slower_at_all_threads_than_at_one_is_not_settled(read, alone, settled):
+    times = {"read": read} | ({} if alone is None else {"read_1thread": alone})
+    assert ceilings.is_bandwidth_settled("read", times) is settled
+
+
+def test_rounds_go_on_while_all_threads_read_slower_than_one(monkeypatch):
+    """Round 1 and 2: the two threads share a core (46 ms, one thread 40 ms); round 3 they have
+    two (20 ms): the rounds go on until then, and the roof is the two-core read."""
+    per_round = iter([0.046, 0.046, 0.020, 0.020])
+    rounds = []
+
+    def time_round(pending):
+        rounds.append(list(pending))
+        seconds = next(per_round)
+        return {name: [seconds] * 3 if name == "read" else [0.040] * 3 for name in pending}
+
+    times = ceilings.rounds_until_agreed(
+        ["read", "read_1thread"],
+        time_round,
+        lambda: False,
+        is_settled=ceilings.is_bandwidth_settled,
+    )
+    assert rounds == [["read", "read_1thread"], ["read", "read_1thread"], ["read"]]
+    assert min(times["read"]) == 0.020 and ceilings.is_bandwidth_settled("read", times)
+
+
+def test_a_read_whose_allocations_disagree_is_noted():
+    read = {**fake_probe(best_per_s=30.2e9), "allocation_best_per_s": [12.6e9, 30.2e9, 29.8e9]}
+    assert ceilings.allocations_note(read) == (
+        "read: the best runs of its 3 allocations ranged 12.6-30.2 GB/s (median 29.8): the "
+        "machine's bandwidth moved while it was measured; the roof is the best"
+    )
+    roofs = {"probes": {"read": read}, "skipped": [], "unsupported": []}
+    assert ceilings._notes(roofs) == [ceilings.allocations_note(read)]
+    # Within 5%, one allocation, or none recorded (a cache from before): nothing to say.
+    for rates in ([29.0e9, 30.2e9], [30.2e9], None):
+        assert ceilings.allocations_note({**read, "allocation_best_per_s": rates}) is None
+    assert ceilings.allocations_note(None) is None
+
+
+def test_pages_text():
+    assert ceilings.pages_text([1.0, 1.0]) == "on huge pages (100% of 2 read buffers)"
+    assert ceilings.pages_text([0.5]) == "on huge pages (50% of 1 read buffer)"
+    assert ceilings.pages_text([0.0, 0.0]) == "on 4 KiB pages (huge pages asked for, not given)"
+    assert ceilings.pages_text([]) == "pages not known"
+
+
+def test_a_cached_read_from_before_allocations_were_kept_is_used_as_it_is(tmp_path, monkeypatch):
+    """A cache entry whose read probe has no `allocation_best_per_s` (measured before huge pages
+    and the whole-cap read buffer, or written by hand) is used, not measured again: a cached
+    roof holds still until `--refresh`; it reads into `results.Probe` with the field null."""
+    from llmbench.harness.plain_data import from_plain
+    from llmbench.harness.results import HardwareCeilings
+
+    monkeypatch.setenv("LLMBENCH_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(ceilings, "measure", fake_measure(calls, skipped=()))
+    ceilings.ceilings("cpu", watch_load=QUIET)
+    (cache_file,) = (tmp_path / "hardware").iterdir()
+    old = json.loads(cache_file.read_text())
+    for probe in old["probes"].values():
+        del probe["allocation_best_per_s"]
+    cache_file.write_text(json.dumps(old))
+    roofs = ceilings.ceilings("cpu", watch_load=QUIET)
+    assert len(calls) == 1 and roofs["sources"]["read"].startswith("cache ")
+    roofs.pop("probe_loads")
+    assert from_plain(HardwareCeilings, roofs).probes["read"].allocation_best_per_s is None
+
+
+@pytest.mark.parametrize(
+    "rates, reproduced",
+    [
+        ([29.4e9, 30.2e9], True),  # 29.4 >= 0.97 * 30.2 = 29.29
+        ([12.6e9, 12.6e9, 27.8e9], False),  # one good round after a slow moment
+        ([12.6e9, 12.6e9, 27.8e9, 29.9e9, 29.5e9], True),
+        ([29.0e9, 30.2e9], False),  # 29.0 < 29.29
+        ([30.2e9], False),  # one allocation: nothing to reproduce it
+        ([], False),
+    ],
+)
+def test_a_read_roof_is_reproduced_on_two_allocations(rates, reproduced):
+    assert ceilings.is_reproduced(rates) is reproduced
+
+
+def test_the_read_rounds_go_on_until_two_allocations_reach_its_best(monkeypatch):
+    """Scripted: the read takes 20 ms on round 1's buffer, 10 ms on round 2's (its runs agree,
+    and beat one thread's 40 ms, but on one buffer), 10.1 ms on round 3's: three rounds for
+    `read`, two for the others, and the roof is round 2's, reproduced by round 3."""
+    clock = FakeClock()
+    read_calls = iter([0.020, 0.040, 0.010, 0.040, 0.0101])  # read, read_1thread per round
+
+    def kernel_run(name, buffers):
+        return clock.run(next(read_calls) if name == "read" else 0.030)
+
+    monkeypatch.setattr(ceilings, "KERNEL_RUN", kernel_run)
+    monkeypatch.setattr(ceilings, "NEW_BUFFER", lambda size, device: None)
+    monkeypatch.setattr(ceilings, "MATMULS", {})
+    roofs = ceilings.measure("cpu", budget_s=100.0, dtypes=(), clock=clock)
+    read = roofs["probes"]["read"]
+    assert read["repeats"] == 9 and read["converged"] is True
+    assert read["seconds"] == pytest.approx(0.010)  # clock differences: not exactly
+    assert read["allocation_best_per_s"] == pytest.approx(
+        [read["size"] / 0.020, read["size"] / 0.010, read["size"] / 0.0101]
+    )
+    assert roofs["probes"]["copy"]["repeats"] == 6  # two rounds: settled
+
+
+def test_each_cache_format_has_its_own_file(tmp_path, monkeypatch):
+    """Two versions of llmbench share a cache (the sides of `llmbench ab`): this one reads a
+    format-3 file as it is and writes its own format's file beside it, never over it, so the
+    older version keeps reading what it wrote."""
+    monkeypatch.setenv("LLMBENCH_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(ceilings, "measure", fake_measure(calls))
+    first = ceilings.ceilings("cpu")
+    (own,) = (tmp_path / "hardware").iterdir()
+    assert own.name.endswith(f".format{ceilings.CACHE_FORMAT}.json")
+    legacy = own.with_name(own.name.replace(f".format{ceilings.CACHE_FORMAT}", ""))
+    entry = json.loads(own.read_text())
+    entry["format"] = 3
+    entry["read_bytes_per_s"] = 12.5e9  # tells the two files apart
+    legacy.write_text(json.dumps(entry))
+    own.unlink()
+    roofs = ceilings.ceilings("cpu")
+    assert roofs["read_bytes_per_s"] == 12.5e9  # read, not measured again:
+    assert calls[1] == (["float16"], False)  # only float16, which the fake always skips
+    # What this call wrote went to its own file; the format-3 file is as the older one left it.
+    assert json.loads(own.read_text())["format"] == ceilings.CACHE_FORMAT
+    assert json.loads(legacy.read_text()) == entry
+    assert first["read_bytes_per_s"] != 12.5e9
