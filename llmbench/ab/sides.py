@@ -74,10 +74,14 @@ def parse_side(name: str, items: Sequence[str]) -> Side:
 
 def check_reachable(side: Side, spec: RunSpec) -> None:
     """One line and no rounds when a side's server does not answer: a TCP connection to its
-    `backend.url` (the openai backend only), refused or timed out, is a `UserError`."""
-    if spec.backend.kind != "openai" or not spec.backend.url:
+    `backend.url` (or any of `backend.urls`), refused or timed out, is a `UserError`."""
+    if spec.backend.kind != "openai":
         return
-    url = spec.backend.url
+    for url in spec.backend.addresses:
+        _connect(side, url)
+
+
+def _connect(side: Side, url: str) -> None:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:

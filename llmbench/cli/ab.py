@@ -135,24 +135,23 @@ def ab(
         out = default_folder(specs[0].output_dir, f"ab-{specs[0].name}")
     out = out.resolve()
     claim_folder(out, force=force)
-    say = _say
-    say(f"ab: {rounds} rounds of {spec_path.name} into {out}")
+    _say(f"ab: {rounds} rounds of {spec_path.name} into {out}")
     for process in processes:
-        say(f"  {process.name}: {process.label}")
+        _say(f"  {process.name}: {process.label}")
     if all(not side.overrides and not side.ref for side in sides):
-        say("note: BASE and NEW are the same: an A/A run, measuring the noise alone")
+        _say("note: BASE and NEW are the same: an A/A run, measuring the noise alone")
     started = time.monotonic()
     interrupted = False
     try:
-        finished = ab_rounds.run_rounds(spec_path, processes, out, rounds, say)
+        finished = ab_rounds.run_rounds(spec_path, processes, out, rounds, _say)
     except ab_rounds.RoundsInterrupted as e:
         finished, interrupted = list(e.rounds), True
-        say(f"interrupted after {len(finished)} of {rounds} rounds")
+        _say(f"interrupted after {len(finished)} of {rounds} rounds")
     except ab_rounds.RoundFailed as e:
         if e.rounds:
-            say(f"note: {len(e.rounds)} finished rounds are kept in {out}")
+            _say(f"note: {len(e.rounds)} finished rounds are kept in {out}")
         raise
-    say(f"ab: {len(finished)} rounds in {time.monotonic() - started:.0f} s")
+    _say(f"ab: {len(finished)} rounds in {time.monotonic() - started:.0f} s")
     if not finished:
         sys.exit(130)
     _judge(

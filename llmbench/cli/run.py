@@ -50,6 +50,13 @@ from llmbench.errors import BackendFailure, UserError
     "between repetitions (the spec's `repeat`, default 1)",
 )
 @click.option(
+    "--prices",
+    default=None,
+    metavar="SHEET",
+    help="price the run's tokens with this price sheet (a YAML file, or a shipped example: "
+    "claude-sonnet-4, gpt-4.1, deepseek-chat) into summary.cost (the spec's `prices`)",
+)
+@click.option(
     "--strict",
     is_flag=True,
     help="exit 1 when more measured requests failed than the spec's max_failed_fraction "
@@ -84,6 +91,7 @@ def run(
     out: Path | None,
     force: bool,
     repeat: int | None,
+    prices: str | None,
     strict: bool,
     client_cpus: str | None,
     shard: str | None,
@@ -118,6 +126,7 @@ def run(
     if repeat is not None and repeat < 1:
         raise UserError(f"--repeat {repeat}: must be >= 1")
     sets = [*overrides, *([f"repeat={repeat}"] if repeat is not None else [])]
+    sets += [f"prices={prices}"] if prices is not None else []
     spec, variants = load_variants(workload_path(workload), sets, vary)
     if variants and shard is not None:
         raise UserError("--shard: not with variants; shard a run of one configuration")

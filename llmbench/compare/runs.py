@@ -29,7 +29,7 @@ from llmbench.harness.metrics import LATENCY_FAMILIES
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import RESULTS_FILE, Device, RunResult, read_results
 from llmbench.harness.run_summary import can_rebuild
-from llmbench.harness.spec import NOT_THE_BENCHMARK
+from llmbench.harness.spec import NOT_THE_BENCHMARK, RunSpec
 
 SWEEP_POINT_GLOB = "point-*"
 # Spec keys that name a run and its folder: they may differ (so may `spec.NOT_THE_BENCHMARK`).
@@ -297,8 +297,14 @@ def spec_differences(
 ) -> list[str]:
     """`key.path: base vs new` for every spec leaf that differs, labels (`LABEL_KEYS`), what
     is not the benchmark (`spec.NOT_THE_BENCHMARK`: the server's address, headers, ...) and
-    `skip` aside."""
+    `skip` aside. A key one side lacks (a run of an llmbench from before that key) is no
+    difference when the other side holds its default."""
+    defaults = _flatten(RunSpec().to_dict())
     a, b = _flatten(baseline), _flatten(new)
+    for one, other in ((a, b), (b, a)):
+        for key, value in other.items():
+            if key not in one and key in defaults and value == defaults[key]:
+                one[key] = value
     ignored = (*LABEL_KEYS, *NOT_THE_BENCHMARK, *skip)
 
     def is_ignored(key: str) -> bool:

@@ -186,6 +186,7 @@ class Driver:
             prompt_text=text,
             prompt_ids=tuple(ids),
             tools=session.tools,
+            session_id=session.session_id,
         )
 
     async def _session(
@@ -266,6 +267,10 @@ class Driver:
                     record.server_timings = event.server_timings
                 if event.cached_tokens is not None:
                     record.cached_tokens = event.cached_tokens
+                if event.endpoint is not None:
+                    record.endpoint = event.endpoint
+                if event.reasoning_tokens is not None:
+                    record.reasoning_tokens = event.reasoning_tokens
                 if event.num_draft_tokens is not None:
                     record.num_draft_tokens = event.num_draft_tokens
                     record.num_accepted_draft_tokens = event.num_accepted_draft_tokens

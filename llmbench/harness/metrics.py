@@ -299,6 +299,58 @@ def _guidellm_tpot_ms(r: RequestRecord) -> float | None:
     return (chunks[-1][0] - r.sent_ns) / num_output_tokens / NS_PER_MS
 
 
+def cache_hit_rate(completed: Sequence[RequestRecord]) -> float | None:
+    """Σ cached_tokens / Σ prompt tokens over the requests that report cached_tokens (the
+    server's prompt count when given, since the cached count is the server's); None when none
+    reports it."""
+    reporting = [r for r in completed if r.cached_tokens is not None]
+    denominator = sum(
+        r.server_prompt_tokens if r.server_prompt_tokens is not None else r.num_prompt_tokens
+        for r in reporting
+    )
+    return sum(r.cached_tokens for r in reporting) / denominator if denominator > 0 else None
+
+
+def endpoint_summaries(measured: Sequence[RequestRecord], duration_s: float) -> list[dict]:
+    """One entry per endpoint of a routed run (`backend.urls`, by index), over its measured
+    requests: requests, failed, prefix-cache hit rate, TTFT and TPOT p50 of the completed, and
+    the requests it held in flight on average.
+
+    Formula: mean_in_flight = Σ (end_ns − sent_ns) of its requests / the run's window.
+    """
+    by_endpoint: dict[int, list[RequestRecord]] = {}
+    for r in measured:
+        if r.endpoint is not None:
+            by_endpoint.setdefault(r.endpoint, []).append(r)
+    out = []
+    for endpoint in sorted(by_endpoint):
+        mine = by_endpoint[endpoint]
+        completed = [r for r in mine if r.ok]
+        busy_ns = sum(max(0, r.end_ns - r.sent_ns) for r in mine if r.end_ns)
+        ttfts = [v for v in map(ttft_ms, completed) if v is not None]
+        tpots = [v for v in map(tpot_ms, completed) if v is not None]
+        out.append(
+            {
+                "endpoint": endpoint,
+                "requests": len(mine),
+                "failed": len(mine) - len(completed),
+                "prefix_cache_hit_rate": cache_hit_rate(completed),
+                "ttft_ms_p50": percentile(ttfts, 50),
+                "tpot_ms_p50": percentile(tpots, 50),
+                "mean_in_flight": busy_ns / NS_PER_S / duration_s if duration_s > 0 else None,
+            }
+        )
+    return out
+
+
+def endpoint_imbalance(endpoints: Sequence[dict]) -> float | None:
+    """How unevenly a routed run loaded its endpoints: max / mean of their `mean_in_flight`
+    (1.0: even; N: all the load on one of N)."""
+    loads = [e["mean_in_flight"] for e in endpoints if e["mean_in_flight"] is not None]
+    mean = sum(loads) / len(loads) if loads else 0.0
+    return max(loads) / mean if mean > 0 else None
+
+
 def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = None) -> dict:
     """The run's summary over its measured (non-warm-up) requests.
 
@@ -342,16 +394,7 @@ def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = N
     num_prompt_tokens = sum(r.num_prompt_tokens for r in completed)
     num_good = sum(is_slo_met(r, slo) for r in completed)
 
-    reporting = [r for r in completed if r.cached_tokens is not None]
-    cache_denominator = sum(
-        r.server_prompt_tokens if r.server_prompt_tokens is not None else r.num_prompt_tokens
-        for r in reporting
-    )
-    prefix_cache_hit_rate = (
-        sum(r.cached_tokens for r in reporting) / cache_denominator
-        if cache_denominator > 0
-        else None
-    )
+    prefix_cache_hit_rate = cache_hit_rate(completed)
 
     ttft = values(ttft_ms)
     ttft_from_send = values(ttft_from_send_ms)
@@ -391,6 +434,9 @@ def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = N
         "failed_fraction": num_failed / len(measured) if measured else None,
         "failure_reasons": dict(sorted(reasons.items(), key=lambda item: -item[1])),
     }
+    if any(r.endpoint is not None for r in measured):  # routed over `backend.urls`
+        summary["endpoints"] = endpoint_summaries(measured, duration_s)
+        summary["endpoint_imbalance"] = endpoint_imbalance(summary["endpoints"])
     for name, metric in SERVER_TIMINGS.items():
         timed = values(metric)
         summary[name] = distribution(timed) if timed else None

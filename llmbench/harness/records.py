@@ -34,6 +34,7 @@ class GenerationRequest:
     # send. None when the caller did not tokenize.
     prompt_ids: tuple[int, ...] | None = None
     tools: tuple[Tool, ...] | None = None  # sent as the request's `tools`; None: no tools
+    session_id: str = ""  # the session it belongs to (routing keeps sessions together)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,11 @@ class StreamEvent:
     # tokens verified for the request, and how many of them the target accepted.
     num_draft_tokens: int | None = None
     num_accepted_draft_tokens: int | None = None
+    # First event of a routed request (`RoutedBackend`): the endpoint it was sent to.
+    endpoint: int | None = None
+    # Final event: the reply's reasoning tokens (the server's usage detail, else the client's
+    # count of reasoning text; None: not known).
+    reasoning_tokens: int | None = None
 
 
 class Backend(Protocol):
@@ -123,6 +129,8 @@ class RequestRecord:
     # Speculative decoding (None: not reported): draft tokens verified, and accepted.
     num_draft_tokens: int | None = None
     num_accepted_draft_tokens: int | None = None
+    endpoint: int | None = None  # which of `backend.urls` served it (None: one endpoint)
+    reasoning_tokens: int | None = None  # of the output tokens, reasoning (None: not known)
 
     @property
     def num_output_tokens(self) -> int:

@@ -116,6 +116,6 @@ def _what_loads(spec: RunSpec) -> str:
     device auto)`, `the tokenizer of smollm2-135m (openai at http://...)`."""
     kind = spec.backend.kind
     if kind == "openai":
-        return f"the tokenizer of {spec.model} (openai at {spec.backend.url})"
+        return f"the tokenizer of {spec.model} (openai at {', '.join(spec.backend.addresses)})"
     device = f", device {spec.device}" if kind == "engine" else ""
     return f"{spec.model} ({kind}, {spec.dtype}{device})"

@@ -115,9 +115,7 @@ def execute_point(
     own_workloads = [shards.pick(sessions, shard) for sessions in workloads]
     repetitions = Repetitions(backend, tokenizer, options, log, own_workloads, on_start)
     spec_dict = json.loads(json.dumps(spec.to_dict()))  # plain JSON values, as read back
-    own_pids = (
-        provenance.local_server_pids(spec.backend.url) if spec.backend.kind == "openai" else []
-    )
+    own_pids = [pid for url in spec.backend.addresses for pid in provenance.local_server_pids(url)]
     shared_tokens = None  # a server may hold a prefix cache from before the run: worth a check
     if spec.backend.kind == "openai":
         sent = [*warmup, *(session for sessions in workloads for session in sessions)]
@@ -147,7 +145,10 @@ def execute_point(
                     spec.hash(),
                     sessions_hash(workloads[0]),
                     provenance.device_of(
-                        spec.backend.kind, backend, spec.backend.url, spec.backend.hardware
+                        spec.backend.kind,
+                        backend,
+                        ", ".join(spec.backend.addresses) or None,
+                        spec.backend.hardware,
                     ),
                     monitor.load(),
                     measured,
@@ -344,15 +345,25 @@ def _open_backend(spec: RunSpec):
 
         weights = open_weights(spec.model)
         tokenizer = weights.tokenizer()
-        backend = OpenAIBackend(
-            spec.backend.url,
-            model=spec.backend.served_model,
-            count_tokens=lambda text: len(tokenizer.encode(text)),
-            timeout_s=spec.backend.timeout_s,
-            headers=spec.backend.headers,
-            request_id_header=spec.backend.request_id_header,
-        )
-        return backend, tokenizer, weights.config
+        servers = [
+            OpenAIBackend(
+                url,
+                model=spec.backend.served_model,
+                count_tokens=lambda text: len(tokenizer.encode(text)),
+                timeout_s=spec.backend.timeout_s,
+                headers=spec.backend.headers,
+                request_id_header=spec.backend.request_id_header,
+            )
+            for url in spec.backend.addresses
+        ]
+        if not spec.backend.urls:
+            return servers[0], tokenizer, weights.config
+        from llmbench.harness.backends.routed import RoutedBackend
+        from llmbench.harness.routing import make_policy
+
+        routing = spec.routing
+        policy = make_policy(routing.policy, routing.block_tokens, routing.max_imbalance)
+        return RoutedBackend(servers, policy, routing.down_s), tokenizer, weights.config
     from llmbench.harness.backends.transformers import TransformersBackend
 
     backend = TransformersBackend(spec.model, spec.dtype, spec.engine.threads)
@@ -407,6 +418,8 @@ async def _drive(
             await backend.start()
         except Exception as e:  # noqa: BLE001 — e.g. an unreachable server: the user's to fix
             raise UserError(f"backend {spec.backend.kind}: {e}") from None
+        for line in getattr(backend, "unreachable_at_start", ()):  # a routed backend's
+            print(f"note: endpoint {line}; skipped for now, tried again later", file=sys.stderr)
         on_started()
         await repetitions.warm_up(warmup)
 

@@ -291,12 +291,13 @@ SERVED_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def served_model(backend) -> ServedModel | None:
-    """What the server says of the model the run asks for (`GET /models`), asked before the
-    workload; None without an openai backend, or when the server cannot be asked (starting the
-    backend then says why)."""
+    """What the server says of the model the run asks for (`GET /models`; the first endpoint
+    that answers of a routed run), asked before the workload; None without an openai backend,
+    or when the server cannot be asked (starting the backend then says why)."""
     from llmbench.harness.backends.openai import OpenAIBackend
+    from llmbench.harness.backends.routed import RoutedBackend
 
-    if not isinstance(backend, OpenAIBackend):
+    if not isinstance(backend, OpenAIBackend | RoutedBackend):
         return None
     return asyncio.run(backend.describe())
 

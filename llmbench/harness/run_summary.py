@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from llmbench.harness import metrics, record_log, telemetry
+from llmbench.harness.cost import cost_summary
 from llmbench.harness.driver import SessionStats
 from llmbench.harness.expert_stats_file import moe_summary
 from llmbench.harness.failures import DEFAULT_MAX_FAILED_FRACTION
+from llmbench.harness.prices import load_prices
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import (
     RESULTS_FILE,
@@ -172,6 +174,9 @@ def finish(
         )
     summary["repetitions"] = repetitions
     summary["spread"] = spread([r for r in repetitions if not r["is_partial"]])
+    sheet = start.spec.get("prices")
+    if sheet:  # no price sheet: no money, never a made-up price
+        summary["cost"] = cost_summary(records, load_prices(sheet))
     summary["warnings"] = run_warnings(
         records,
         summary,

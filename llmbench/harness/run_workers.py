@@ -85,7 +85,7 @@ def execute_point(
         file=sys.stderr,
         flush=True,
     )
-    server_pids = provenance.local_server_pids(spec.backend.url)
+    server_pids = [p for url in spec.backend.addresses for p in provenance.local_server_pids(url)]
     with (
         provenance.LoadMonitor(own_pids=server_pids) as monitor,
         Telemetry(csv_path=folder / "telemetry.csv") as telemetry,

@@ -67,6 +67,9 @@ def fixed(value: float) -> Dist:
 class BackendSpec:
     kind: Literal["engine", "openai", "transformers"] = "engine"
     url: str | None = None  # openai: base URL, e.g. http://127.0.0.1:8000/v1
+    # openai: several base URLs of replicas of one model instead of `url`, each request sent to
+    # the one `routing` chooses.
+    urls: tuple[str, ...] = ()
     api: Literal["chat", "completions"] = "chat"
     served_model: str | None = None  # openai: the model name to ask for (default: the first)
     timeout_s: float = 600.0
@@ -87,6 +90,24 @@ class BackendSpec:
     # timings there instead of sending them (llama-cpp-python's server prints llama.cpp's
     # perf blocks); what it writes during the run is read at the end and matched to requests.
     server_log: str | None = None
+
+    @property
+    def addresses(self) -> list[str]:
+        """The server base URLs a run sends to: `urls`, else `url` ([] for the engine)."""
+        return list(self.urls) or ([self.url] if self.url else [])
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    """How requests are spread over `backend.urls` (`harness.routing`): the policy, the prompt
+    block that prefix affinity hashes, its load cap, and how long a failed endpoint is skipped."""
+
+    policy: Literal["round_robin", "least_loaded", "prefix_affinity", "session_sticky"] = (
+        "round_robin"
+    )
+    block_tokens: int = 16
+    max_imbalance: int = 2  # prefix affinity: requests in flight above the least loaded
+    down_s: float = 5.0
 
 
 # A K/V cache storage format: auto (the model's dtype), a float dtype, int8 or int4.
@@ -276,8 +297,10 @@ NOT_THE_BENCHMARK = (
     "repeat",
     "max_failed_fraction",
     "quality",
+    "prices",
     "load.workers",
     "backend.url",
+    "backend.urls",
     "backend.headers",
     "backend.request_id_header",
     "backend.server_log",
@@ -292,6 +315,7 @@ class RunSpec:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: BackendSpec = field(default_factory=BackendSpec)
+    routing: RoutingSpec = field(default_factory=RoutingSpec)  # with backend.urls
     engine: EngineSpec = field(default_factory=EngineSpec)
     workload: WorkloadSpec = field(default_factory=ChatWorkload)
     load: LoadSpec = field(default_factory=ConcurrencyLoad)
@@ -308,6 +332,9 @@ class RunSpec:
     max_failed_fraction: float = 0.05
     # Quality of the run's engine configuration against the unquantised model (engine backend).
     quality: QualitySpec | None = None
+    # A price sheet (a YAML path, or a shipped example's name: `harness.prices`) that turns the
+    # run's tokens into money (`summary.cost`); None: no money shown.
+    prices: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -34,6 +34,7 @@ from llmbench.harness import shards, workloads
 from llmbench.harness.arrivals import MAX_SWEEP_POINTS
 from llmbench.harness.metrics import SLO_METRICS
 from llmbench.harness.plain_data import from_plain
+from llmbench.harness.prices import load_prices
 from llmbench.harness.spec import (
     AgenticWorkload,
     BackendSpec,
@@ -289,8 +290,12 @@ def _check(spec: RunSpec) -> None:
     }.items():
         if value < 0:
             raise SpecError(path, f"must be >= 0, got {value}")
-    if spec.backend.kind == "openai" and not spec.backend.url:
-        raise SpecError("backend.url", "required for backend kind 'openai'")
+    _check_addresses(spec)
+    if spec.prices is not None:
+        try:
+            load_prices(spec.prices)
+        except UserError as e:
+            raise SpecError("prices", str(e)) from None
     _check_headers(spec.backend)
     if spec.backend.server_log is not None and spec.backend.kind != "openai":
         raise SpecError("backend.server_log", "only for backend kind 'openai'")
@@ -379,6 +384,29 @@ def _check_limits(spec: RunSpec) -> None:
 def _number(value: float) -> str:
     """`10,000,000`, `0.5`: a limit or a value in a limit's line."""
     return f"{int(value):,}" if float(value).is_integer() else f"{value:,g}"
+
+
+def _check_addresses(spec: RunSpec) -> None:
+    """One server (`backend.url`) or several (`backend.urls`, routed), for the openai backend
+    only; the routing's numbers in range."""
+    backend = spec.backend
+    if backend.url and backend.urls:
+        raise SpecError("backend.urls", "give backend.url (one server) or backend.urls, not both")
+    if backend.urls and backend.kind != "openai":
+        raise SpecError("backend.urls", "only for backend kind 'openai'")
+    if backend.kind == "openai" and not backend.addresses:
+        raise SpecError("backend.url", "required for backend kind 'openai' (or backend.urls)")
+    if len(set(backend.urls)) != len(backend.urls):
+        raise SpecError("backend.urls", "lists an address twice")
+    if spec.load.workers > 1 and backend.urls:
+        raise SpecError("backend.urls", "routed by one client process: set load.workers 1")
+    routing = spec.routing
+    if routing.block_tokens < 1:
+        raise SpecError("routing.block_tokens", f"must be >= 1, got {routing.block_tokens}")
+    if routing.max_imbalance < 1:
+        raise SpecError("routing.max_imbalance", f"must be >= 1, got {routing.max_imbalance}")
+    if routing.down_s < 0:
+        raise SpecError("routing.down_s", f"must be >= 0, got {routing.down_s}")
 
 
 def _check_headers(backend: BackendSpec) -> None:

@@ -66,6 +66,46 @@ def server_client_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def endpoint_lines(summary: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+    """A routed run (`backend.urls`): the policy and imbalance, then a line per endpoint."""
+    endpoints = summary.get("endpoints")
+    if not endpoints:
+        return []
+    urls = spec.get("backend", {}).get("urls") or []
+    policy = spec.get("routing", {}).get("policy", "?")
+    imbalance = summary.get("endpoint_imbalance")
+    lines = [
+        f"routing {policy} over {len(urls)} endpoints: imbalance "
+        f"{'-' if imbalance is None else f'{imbalance:.2f}'} (max / mean requests in flight)"
+    ]
+    for e in endpoints:
+        url = urls[e["endpoint"]] if e["endpoint"] < len(urls) else f"#{e['endpoint']}"
+        hit, ttft, tpot = e["prefix_cache_hit_rate"], e["ttft_ms_p50"], e["tpot_ms_p50"]
+        lines.append(
+            f"  {url}: {e['requests']} requests ({e['failed']} failed), "
+            f"{_rate(e['mean_in_flight'], '.2f')} in flight, prefix-cache hit rate "
+            f"{'-' if hit is None else f'{hit:.2f}'}, TTFT p50 {_rate(ttft, '.1f')} ms, "
+            f"TPOT p50 {_rate(tpot, '.1f')} ms"
+        )
+    return lines
+
+
+def cost_lines(summary: Mapping[str, Any]) -> list[str]:
+    """A priced run (`prices`): what its tokens cost, and what the cache saved."""
+    cost = summary.get("cost")
+    if not cost:
+        return []
+    unit = cost["currency"]
+    discount = cost["cache_discount"]
+    per_session = cost["per_session"]
+    return [
+        f"cost ({cost['sheet']}): {cost['total']:.4f} {unit} for {cost['num_billed']} requests"
+        f" ({'-' if per_session is None else f'{per_session:.4f}'} a session); with no cache "
+        f"{cost['no_cache_total']:.4f} {unit}, a discount of "
+        f"{'-' if discount is None else f'{discount:.0%}'}"
+    ]
+
+
 def warning_lines(summary: Mapping[str, Any]) -> list[str]:
     """`summary.warnings`, each as a WARNING line."""
     return [f"WARNING: {line}" for line in summary.get("warnings") or []]
@@ -97,6 +137,8 @@ def format_summary(result: RunResult) -> str:
         f"prefix-cache hit rate {'-' if hit is None else f'{hit:.2f}'}"
     )
     lines += server_client_lines(s)
+    lines += endpoint_lines(s, result.spec)
+    lines += cost_lines(s)
     roof = result.roofline
     estimated = ""
     if roof is not None and roof.is_estimated:

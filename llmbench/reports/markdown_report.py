@@ -35,6 +35,13 @@ def render(run: RunData) -> str:
     if split:
         lines += ["## Server vs client", "", tables.SERVER_CLIENT_NOTE, ""]
         lines += markdown_table(tables.SERVER_CLIENT_HEADER, split)
+    cost = tables.cost_rows(run)
+    if cost:
+        lines += ["## Cost", ""] + markdown_table(("", ""), cost)
+    endpoints = tables.endpoint_rows(run)
+    if endpoints:
+        lines += ["## Endpoints", "", tables.endpoint_note(run), ""]
+        lines += markdown_table(tables.ENDPOINT_HEADER, endpoints)
     phases = tables.phase_rows(run)
     if phases:
         lines += ["## Roofline", ""]

@@ -203,6 +203,74 @@ def server_client_rows(run: RunData) -> list[list[str]]:
     return rows
 
 
+ENDPOINT_HEADER = (
+    "endpoint",
+    "requests",
+    "failed",
+    "in flight",
+    "prefix-cache hit rate",
+    "TTFT p50 ms",
+    "TPOT p50 ms",
+)
+
+
+def endpoint_note(run: RunData) -> str:
+    """The routing policy and the imbalance, above the endpoint table."""
+    policy = (run.results.get("spec", {}).get("routing") or {}).get("policy", "?")
+    imbalance = run.summary.get("endpoint_imbalance")
+    return (
+        f"Routed by {policy}. Imbalance {num(imbalance, 2)}: max / mean requests in flight over "
+        "the endpoints (1 is even). In flight: the endpoint's requests' time from send to end "
+        "over the run's window."
+    )
+
+
+def endpoint_rows(run: RunData) -> list[list[str]]:
+    """One row per endpoint of a routed run (`backend.urls`); none otherwise."""
+    urls = (run.results.get("spec", {}).get("backend") or {}).get("urls") or []
+    rows = []
+    for e in run.summary.get("endpoints") or []:
+        i = e["endpoint"]
+        rows.append(
+            [
+                urls[i] if i < len(urls) else f"#{i}",
+                str(e["requests"]),
+                str(e["failed"]),
+                num(e["mean_in_flight"], 2),
+                ratio(e["prefix_cache_hit_rate"]),
+                num(e["ttft_ms_p50"]),
+                num(e["tpot_ms_p50"]),
+            ]
+        )
+    return rows
+
+
+def cost_rows(run: RunData) -> list[tuple[str, str]]:
+    """A priced run's bill (`summary.cost`) as label/value pairs; none without a price sheet."""
+    cost = run.summary.get("cost")
+    if not cost:
+        return []
+    unit = cost["currency"]
+
+    def money(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f} {unit}"
+
+    writes = "cache write" if cost["writes_uncached_to_cache"] else "input"
+    return [
+        ("price sheet", cost["sheet"]),
+        ("total", f"{money(cost['total'])} for {cost['num_billed']} completed requests"),
+        ("with no prompt cache", money(cost["no_cache_total"])),
+        ("cache discount", ratio(cost["cache_discount"])),
+        ("per request, per session", f"{money(cost['per_request'])}, {money(cost['per_session'])}"),
+        (
+            "tokens",
+            f"{cost['uncached_tokens']:,} uncached input (priced as {writes}), "
+            f"{cost['cache_hit_tokens']:,} cache hits, {cost['reply_tokens']:,} output, "
+            f"{cost['reasoning_tokens']:,} reasoning",
+        ),
+    ]
+
+
 PHASE_HEADER = ("phase", "steps", "seconds", "bandwidth", "compute", "FLOP/B", "MBU", "MFU")
 
 

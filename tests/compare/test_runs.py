@@ -249,9 +249,13 @@ def test_spec_differences_name_key_paths_and_skip_labels():
     assert spec_differences(a, b) == [
         "load.concurrency: 4 vs 8",
         "load.sweep: [1, 2] vs [1, 3]",
-        "slo: {} vs (absent)",
-        "slo.x: (absent) vs 1",
+        "slo.x: (absent) vs 1",  # slo {} is the default: no difference of its own
     ]
+    # A key an older llmbench did not write is no difference at its default, one otherwise.
+    older, newer = {"seed": 0}, {"seed": 0, "routing": {"policy": "round_robin", "down_s": 5.0}}
+    assert spec_differences(older, newer) == []
+    newer["routing"]["policy"] = "prefix_affinity"
+    assert spec_differences(older, newer) == ["routing.policy: (absent) vs 'prefix_affinity'"]
     labels = ({"name": "a", "output_dir": "x", "repeat": 1}, {"name": "b", "output_dir": "y"})
     assert spec_differences(*labels) == []
     # How failures are judged is a label too (and out of the spec hash).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -369,3 +371,31 @@ def test_server_timings_are_null_when_the_server_reported_none():
     # Only prompt timings: the decode side stays null.
     s = summarize([TIMED_C])
     assert s["server_prompt_ms"]["count"] == 1 and s["server_decode_ms_per_token"] is None
+
+
+def test_a_routed_run_is_summarised_per_endpoint():
+    """Three requests over two endpoints in a window of 0..200 ms (by hand):
+    endpoint 0: A (sent 12, end 200: 188 ms in flight; TTFT 100, TPOT (190−110)/3 = 26.67 ms,
+    50 of 100 prompt tokens cached) and a failure (sent 10, end 50: 40 ms);
+    endpoint 1: B (sent 20, end 140: 120 ms; TTFT 50, TPOT (130−70)/8 = 7.5 ms, no cached count).
+    Window: 200 − 10 = 190 ms. Mean in flight: 0: 228 / 190 = 1.2; 1: 120 / 190 = 0.6316;
+    imbalance: 1.2 / mean(1.2, 0.6316) = 1.2 / 0.9158 = 1.3103."""
+    a = dataclasses.replace(A, endpoint=0)
+    failed = dataclasses.replace(rec(10, 10, [], 50, prompt=5, error="HTTP 500"), endpoint=0)
+    b = dataclasses.replace(B, endpoint=1)
+    summary = summarize([a, failed, b])
+    first, second = summary["endpoints"]
+    assert first == {
+        "endpoint": 0,
+        "requests": 2,
+        "failed": 1,
+        "prefix_cache_hit_rate": 0.5,
+        "ttft_ms_p50": 100.0,
+        "tpot_ms_p50": pytest.approx(80 / 3),
+        "mean_in_flight": pytest.approx(228 / 190),
+    }
+    assert second["requests"] == 1 and second["prefix_cache_hit_rate"] is None
+    assert second["ttft_ms_p50"] == 50.0 and second["tpot_ms_p50"] == 7.5
+    assert second["mean_in_flight"] == pytest.approx(120 / 190)
+    assert summary["endpoint_imbalance"] == pytest.approx(1.2 / ((228 + 120) / 190 / 2))
+    assert "endpoints" not in summarize([A, B])  # one endpoint: nothing routed

@@ -43,6 +43,11 @@ class BackendError(Exception):
     """A request (or the connection to the server) failed; the message is a one-line reason."""
 
 
+class UnreachableError(BackendError):
+    """The server could not be reached for a request: the connection was refused or broke
+    before any reply. A router skips such an endpoint for a while (`routing.Endpoints.fail`)."""
+
+
 @dataclass(frozen=True)
 class ServedModel:
     """A model as the server's `GET /models` card describes it: its id and, where the server
@@ -220,12 +225,13 @@ class OpenAIBackend:
         except asyncio.TimeoutError:  # aiohttp's total timeout (ServerTimeoutError is one too)
             raise BackendError(f"timeout after {self.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError as e:
-            raise BackendError(f"cannot connect to {self.url}: {e.os_error}") from None
+            raise UnreachableError(f"cannot connect to {self.url}: {e.os_error}") from None
         except StreamError as e:
             raise BackendError(str(e)) from None
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             if not is_replying:
-                raise BackendError(f"connection failed before a reply: {clip(str(e))}") from None
+                reason = f"connection to {self.url} failed before a reply: {clip(str(e))}"
+                raise UnreachableError(reason) from None
             dropped = f"connection dropped mid-stream after {num_tokens_text(parser.num_tokens)}"
             t_ns = time.perf_counter_ns()
         try:

@@ -115,8 +115,18 @@ class StreamParser:
             cached_tokens=None if timings is None else timings.cached_tokens,
             server_timings=timings,
             usage_reported=self.server.usage is not None,
+            reasoning_tokens=self.reasoning_tokens,
         )
         return [*events, final]
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """The reply's reasoning tokens: the server's count where its usage says it, else the
+        client tokenizer's count of the reasoning text (0 when none streamed); None with
+        neither (no tokenizer, no usage detail)."""
+        if self.server.reasoning_tokens is not None:
+            return self.server.reasoning_tokens
+        return None if self._counters is None else self._counters[0].total
 
     @property
     def is_usage_continuous(self) -> bool:

@@ -50,6 +50,13 @@ class ServerReport:
         """`usage.completion_tokens`."""
         return _count((self.usage or {}).get("completion_tokens"))
 
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """`usage.completion_tokens_details.reasoning_tokens` (OpenAI's, vLLM's with a
+        reasoning parser): the part of completion_tokens that was reasoning."""
+        details = (self.usage or {}).get("completion_tokens_details")
+        return _count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+
     def server_timings(self, is_continuous: bool = False) -> ServerTimings | None:
         """Everything reported, as one `ServerTimings`; None when nothing was.
         `is_continuous`: the usage came on every chunk that carried output."""

@@ -39,6 +39,11 @@ class OutputTokenCounter:
         self._tail = ""  # text after the head
         self._total = 0
 
+    @property
+    def total(self) -> int:
+        """The tokens of all the text given so far."""
+        return self._total
+
     def total_after(self, text: str) -> int:
         """Formula: tokens(head) + tokens(tail + text), tokens(s) = count_tokens(s) −
         count_tokens("")."""

@@ -185,6 +185,20 @@ def test_reasoning_deltas_are_tokens_but_not_reply_text(field):
     assert [e.num_tokens for e in parse(stream)[0]] == [1, 1, 0]
 
 
+def test_reasoning_tokens_are_the_servers_count_else_the_clients():
+    """usage.completion_tokens_details.reasoning_tokens when the server says it (billed apart);
+    else the client's count of the reasoning text; None with neither."""
+    stream = delta(reasoning_content="think hard ") + delta(content="answer") + FINISH
+    detail = {"completion_tokens": 9, "completion_tokens_details": {"reasoning_tokens": 6}}
+    with_usage = stream + sse({"choices": [], "usage": detail}) + DONE
+    assert parse(with_usage, count_tokens=count_words)[0][-1].reasoning_tokens == 6
+    assert parse(with_usage)[0][-1].reasoning_tokens == 6  # no tokenizer needed
+    assert parse(stream + DONE, count_tokens=count_words)[0][-1].reasoning_tokens == 2
+    plain = delta(content="answer only") + FINISH + DONE
+    assert parse(plain, count_tokens=count_words)[0][-1].reasoning_tokens == 0
+    assert parse(plain)[0][-1].reasoning_tokens is None
+
+
 def test_streamed_tool_call_pieces_are_tokens_but_not_reply_text():
     """A tool call streamed as deltas (name first, then argument pieces), as vLLM sends it."""
     call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "search"}}
