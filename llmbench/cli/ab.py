@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from llmbench.cli.options import verdict_options
+
 if TYPE_CHECKING:  # the harness is imported when the command runs
     from llmbench.ab.rounds import Round, SideProcess
     from llmbench.ab.sides import Side
@@ -62,23 +64,7 @@ AB_FILE = "ab.json"
     default=None,
     help="gates YAML (default: compare's shipped gates for the runs' backend)",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "markdown", "json"]),
-    default="table",
-    show_default=True,
-    help="what stdout gets",
-)
-@click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="write JUnit XML")
-@click.option("--html", "html_path", type=click.Path(path_type=Path), help="write the HTML diff")
-@click.option("--allow-busy", is_flag=True, help="call regressions on a busy machine too")
-@click.option("--force-devices", is_flag=True, help="gate raw times/rates across devices too")
-@click.option(
-    "--allow-missing",
-    is_flag=True,
-    help="a gate refused or without data does not make the verdict unusable (exit 0 then)",
-)
+@verdict_options
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap seed")
 def ab(
     workload: str,

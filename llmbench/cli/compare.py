@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from llmbench.cli.options import verdict_options
 from llmbench.errors import UserError
 
 if TYPE_CHECKING:  # the harness is imported when the command runs
@@ -41,24 +42,8 @@ STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions shows the Markdown ap
     "for the runs' backend: hardware-normalised for the engine, plus raw latency on one "
     "device; latency, throughput and failures for a server)",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "markdown", "json"]),
-    default="table",
-    show_default=True,
-    help="what stdout gets",
-)
-@click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="write JUnit XML")
-@click.option("--html", "html_path", type=click.Path(path_type=Path), help="write the HTML diff")
+@verdict_options
 @click.option("--force", is_flag=True, help="compare runs of different benchmarks anyway")
-@click.option("--allow-busy", is_flag=True, help="call regressions on a busy machine too")
-@click.option("--force-devices", is_flag=True, help="gate raw times/rates across devices too")
-@click.option(
-    "--allow-missing",
-    is_flag=True,
-    help="a gate refused or without data does not make the comparison unusable (exit 0 then)",
-)
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="bootstrap (--history: permutation) seed"
 )

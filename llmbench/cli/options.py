@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 DTYPE = click.Choice(["float32", "bfloat16", "float16"])
@@ -72,3 +74,36 @@ MOE_OFFLOAD_HELP = (
     "25GB/s (simulated; default pcie4 on a CPU) or real (CUDA)][,profile=experts.json (most "
     "routed stay resident; default the first N)][,sleep (a simulated link sleeps its time)]"
 )
+
+
+def verdict_options(command):
+    """The options of the commands that judge gates (`compare`, `ab`): what stdout gets, the
+    JUnit and HTML files, and what a verdict may rest on."""
+    options = [
+        click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(["table", "markdown", "json"]),
+            default="table",
+            show_default=True,
+            help="what stdout gets",
+        ),
+        click.option(
+            "--junit", "junit_path", type=click.Path(path_type=Path), help="write JUnit XML"
+        ),
+        click.option(
+            "--html", "html_path", type=click.Path(path_type=Path), help="write the HTML diff"
+        ),
+        click.option("--allow-busy", is_flag=True, help="call regressions on a busy machine too"),
+        click.option(
+            "--force-devices", is_flag=True, help="gate raw times/rates across devices too"
+        ),
+        click.option(
+            "--allow-missing",
+            is_flag=True,
+            help="a gate refused or without data does not make the verdict unusable (exit 0 then)",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

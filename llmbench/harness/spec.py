@@ -337,7 +337,8 @@ class RunSpec:
     prices: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The spec as plain JSON values (a tuple is a list), as results.json holds it."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
     def hash(self) -> str:
         """sha256 of the canonical JSON of the spec without `NOT_THE_BENCHMARK`: two runs of
