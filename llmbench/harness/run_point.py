@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -114,7 +113,7 @@ def execute_point(
 
     own_workloads = [shards.pick(sessions, shard) for sessions in workloads]
     repetitions = Repetitions(backend, tokenizer, options, log, own_workloads, on_start)
-    spec_dict = json.loads(json.dumps(spec.to_dict()))  # plain JSON values, as read back
+    spec_dict = spec.to_dict()  # plain JSON values, as read back
     own_pids = [pid for url in spec.backend.addresses for pid in provenance.local_server_pids(url)]
     shared_tokens = None  # a server may hold a prefix cache from before the run: worth a check
     if spec.backend.kind == "openai":

@@ -36,10 +36,6 @@ class RoutedBackend:
         self.endpoints = Endpoints(len(self.backends), down_s)
         self.unreachable_at_start: list[str] = []  # "url: reason", for the run's notes
 
-    @property
-    def urls(self) -> list[str]:
-        return [b.url for b in self.backends]
-
     async def start(self) -> None:
         """Start every endpoint at once; those that do not answer are skipped for a while
         (they are tried again later) and listed in `unreachable_at_start`. None answering is a
