@@ -297,9 +297,27 @@ def test_the_field_reference_lists_each_kinds_fields():
             "backend.weights_bytes_per_param: give backend.weights or this, not both",
         ),
         (["backend.weights=int8"], "backend.weights: only for backend kind 'openai'"),
+        (
+            ["backend.kind=openai", "backend.url=http://a/v1", "backend.urls=[http://b/v1]"],
+            "backend.urls: give backend.url (one server) or backend.urls, not both",
+        ),
+        (["backend.urls=[http://a/v1]"], "backend.urls: only for backend kind 'openai'"),
+        (["backend.kind=openai"], "backend.url: required for backend kind 'openai' (or"),
+        (
+            ["backend.kind=openai", "backend.urls=[http://a/v1,http://a/v1]"],
+            "backend.urls: lists an address twice",
+        ),
+        (
+            ["backend.kind=openai", "backend.urls=[http://a/v1]", "load.workers=2"],
+            "backend.urls: routed by one client process: set load.workers 1",
+        ),
+        (["routing.block_tokens=0"], "routing.block_tokens: must be >= 1, got 0"),
+        (["routing.max_imbalance=0"], "routing.max_imbalance: must be >= 1, got 0"),
+        (["routing.policy=random"], "routing.policy: must be one of round_robin, least_loaded"),
+        (["prices=nope"], "prices: 'nope': no such price sheet file"),
     ],
 )
-def test_failure_fraction_and_server_weights_are_checked(tmp_path, sets, message):
+def test_failure_fraction_server_weights_endpoints_and_prices_are_checked(tmp_path, sets, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_spec(write(tmp_path, "name: t\n"), sets)
 
@@ -439,34 +457,6 @@ def test_quality_block_loads_and_is_left_out_of_the_hash(tmp_path):
 def test_quality_block_mistakes_are_named(tmp_path, sets, message):
     with pytest.raises(UserError, match=message.replace(".", r"\.")):
         load_spec(write(tmp_path, ""), sets)
-
-
-@pytest.mark.parametrize(
-    ("sets", "message"),
-    [
-        (
-            ["backend.kind=openai", "backend.url=http://a/v1", "backend.urls=[http://b/v1]"],
-            "backend.urls: give backend.url (one server) or backend.urls, not both",
-        ),
-        (["backend.urls=[http://a/v1]"], "backend.urls: only for backend kind 'openai'"),
-        (["backend.kind=openai"], "backend.url: required for backend kind 'openai' (or"),
-        (
-            ["backend.kind=openai", "backend.urls=[http://a/v1,http://a/v1]"],
-            "backend.urls: lists an address twice",
-        ),
-        (
-            ["backend.kind=openai", "backend.urls=[http://a/v1]", "load.workers=2"],
-            "backend.urls: routed by one client process: set load.workers 1",
-        ),
-        (["routing.block_tokens=0"], "routing.block_tokens: must be >= 1, got 0"),
-        (["routing.max_imbalance=0"], "routing.max_imbalance: must be >= 1, got 0"),
-        (["routing.policy=random"], "routing.policy: must be one of round_robin, least_loaded"),
-        (["prices=nope"], "prices: 'nope': no such price sheet file"),
-    ],
-)
-def test_endpoints_routing_and_prices_are_checked(tmp_path, sets, message):
-    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_spec(write(tmp_path, "name: t\n"), sets)
 
 
 def test_several_endpoints_are_not_the_benchmark_and_the_policy_is(tmp_path):
