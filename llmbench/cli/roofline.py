@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import click
@@ -61,6 +62,15 @@ def hardware_table(roofs: dict) -> str:
             f"{'-' if spread is None else f'{spread:.0%}':>8}{probe['repeats']:>6}  "
             f"{unit:<8} {roofs.get('sources', {}).get(name, '')}"
         )
+    for name, probe in roofs["probes"].items():  # how steady the bandwidth held (ceilings)
+        rates = sorted(probe.get("allocation_best_per_s") or ())
+        if len(rates) >= 2:
+            middle = statistics.median(rates)
+            lines.append(
+                f"  {name}: the best of each fresh buffer {rates[0] / 1e9:.1f} / "
+                f"{middle / 1e9:.1f} / {rates[-1] / 1e9:.1f} GB/s (min / median / max), "
+                f"{1 - rates[0] / rates[-1]:.0%} apart"
+            )
     return "\n".join(lines)
 
 

@@ -191,3 +191,20 @@ def test_hardware_prints_every_probe_with_best_median_and_spread(tmp_path):
     assert as_json["probe_loads"]["read"] == quiet and as_json["sources"]["read"].startswith(
         "cache"
     )
+
+
+def test_the_hardware_table_says_how_steady_each_bandwidth_held():
+    """A bandwidth probe's fresh buffers' bests, min / median / max, and how far apart: 28.4,
+    29.3, 29.7 GB/s → 1 − 28.4 / 29.7 = 4.4%, shown as 4%; a matmul (no allocations) adds no
+    line."""
+    from llmbench.cli.roofline import hardware_table
+
+    probe = {"unit": "B/s", "best_per_s": 29.7e9, "median_per_s": 29.0e9, "spread": 0.02}
+    probe |= {"repeats": 10, "threads": 2, "allocation_best_per_s": [29.3e9, 28.4e9, 29.7e9]}
+    matmul = {"unit": "FLOP/s", "best_per_s": 1e12, "repeats": 5, "allocation_best_per_s": None}
+    table = hardware_table({"probes": {"read": probe, "float32": matmul}})
+    assert table.splitlines()[-1] == (
+        "  read: the best of each fresh buffer 28.4 / 29.3 / 29.7 GB/s (min / median / max), "
+        "4% apart"
+    )
+    assert "float32:" not in table
