@@ -24,7 +24,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from llmbench.compare.gates import Gate, MetricInfo
-from llmbench.compare.verdict import Comparison, MetricDelta, RunSamples, judge
+from llmbench.compare.verdict import (
+    Comparison,
+    MetricDelta,
+    RunSamples,
+    bootstrap_repetition_means,
+    judge,
+    relative_change,
+)
 
 # A paired interval needs the spread of the pairs: two rounds at the least, three to say much.
 MIN_ROUNDS = 2
@@ -99,13 +106,6 @@ def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
 
-def _ratio(new: np.ndarray, base: np.ndarray) -> np.ndarray:
-    """new / base − 1; a zero base gives +inf when new is above it, else 0 (as `compare`)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        delta = new / base - 1
-    return np.where(base != 0, delta, np.where(new > base, np.inf, 0.0))
-
-
 def measure_paired(
     rounds: Sequence[tuple[RunSamples, RunSamples]],
     info: MetricInfo,
@@ -135,7 +135,7 @@ def measure_paired(
             delta = new_mean / base_mean - 1
         if len(pairs) >= MIN_ROUNDS and base_mean != 0:
             draws = rng.integers(0, len(pairs), size=(num_resamples, len(pairs)))
-            deltas = _ratio(n[draws].mean(axis=1), b[draws].mean(axis=1))
+            deltas = relative_change(n[draws].mean(axis=1), b[draws].mean(axis=1))
             tails = expanded_tails(confidence, len(pairs))
             delta_low, delta_high = (float(x) for x in np.percentile(deltas, tails))
     else:
@@ -161,9 +161,8 @@ def _interval_of_mean(
     (None, None) with fewer than `MIN_ROUNDS` values."""
     if len(values) < MIN_ROUNDS:
         return None, None
-    xs = np.array(values)
-    means = xs[rng.integers(0, xs.size, size=(num_resamples, xs.size))].mean(axis=1)
-    low, high = np.percentile(means, expanded_tails(confidence, xs.size))
+    means = bootstrap_repetition_means(np.array(values), num_resamples, rng)
+    low, high = np.percentile(means, expanded_tails(confidence, len(values)))
     return float(low), float(high)
 
 

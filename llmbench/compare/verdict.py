@@ -246,7 +246,7 @@ def _side_draws(
     return np.array([values.mean()]), draws[None, :], int(values.size)
 
 
-def _relative(new: np.ndarray, base: np.ndarray) -> np.ndarray:
+def relative_change(new: np.ndarray, base: np.ndarray) -> np.ndarray:
     """(new − base) / base; a zero base gives +inf when new is above it, else 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
         delta = (new - base) / base
@@ -290,7 +290,7 @@ def measure(
             if base is not None and cur is not None and base_value != 0:
                 delta = (new_value - base_value) / base_value
                 if base[1] is not None and cur[1] is not None:
-                    deltas = _relative(cur[1][i], base[1][i])
+                    deltas = relative_change(cur[1][i], base[1][i])
                     delta_low, delta_high = (float(x) for x in np.percentile(deltas, tails))
             out[info.name] = MetricDelta(
                 metric=info.name,

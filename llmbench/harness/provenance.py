@@ -241,13 +241,16 @@ class LoadMonitor:
         return read.self_cpu_s() + sum(read.pid_cpu_s(pid) or 0.0 for pid in self.own_pids)
 
 
-def local_server_pids(url: str) -> list[int]:
-    """The processes listening on the loopback port `url` names: a server under test on this
-    machine. [] for another host, or where the sockets cannot be read."""
-    parsed = urlparse(url)
-    if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
+def local_server_pids(*urls: str) -> list[int]:
+    """The processes listening on the loopback ports the `urls` name: servers under test on
+    this machine. [] for other hosts, or where the sockets cannot be read."""
+    ports = set()
+    for url in urls:
+        parsed = urlparse(url)
+        if parsed.hostname in ("127.0.0.1", "localhost", "::1"):
+            ports.add(parsed.port or (443 if parsed.scheme == "https" else 80))
+    if not ports:
         return []
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
         connections = psutil.net_connections(kind="tcp")
     except (psutil.Error, OSError):
@@ -256,6 +259,6 @@ def local_server_pids(url: str) -> list[int]:
         {
             c.pid
             for c in connections
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in ports and c.pid
         }
     )

@@ -114,7 +114,7 @@ def execute_point(
     own_workloads = [shards.pick(sessions, shard) for sessions in workloads]
     repetitions = Repetitions(backend, tokenizer, options, log, own_workloads, on_start)
     spec_dict = spec.to_dict()  # plain JSON values, as read back
-    own_pids = [pid for url in spec.backend.addresses for pid in provenance.local_server_pids(url)]
+    own_pids = provenance.local_server_pids(*spec.backend.addresses)
     shared_tokens = None  # a server may hold a prefix cache from before the run: worth a check
     if spec.backend.kind == "openai":
         sent = [*warmup, *(session for sessions in workloads for session in sessions)]

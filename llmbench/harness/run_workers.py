@@ -85,7 +85,7 @@ def execute_point(
         file=sys.stderr,
         flush=True,
     )
-    server_pids = [p for url in spec.backend.addresses for p in provenance.local_server_pids(url)]
+    server_pids = provenance.local_server_pids(*spec.backend.addresses)
     with (
         provenance.LoadMonitor(own_pids=server_pids) as monitor,
         Telemetry(csv_path=folder / "telemetry.csv") as telemetry,
@@ -125,7 +125,7 @@ def execute_point(
 
 
 def _start(spec: RunSpec, folders: list[Path], point: float | None) -> list[_Worker]:
-    spec_dict = json.loads(json.dumps(spec.to_dict()))
+    spec_dict = spec.to_dict()
     workers = []
     for index, shard_folder in enumerate(folders):
         job = {"spec": spec_dict, "point": point, "index": index, "count": len(folders)}

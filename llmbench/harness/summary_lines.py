@@ -66,20 +66,26 @@ def server_client_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def endpoint_url(spec: Mapping[str, Any], index: int) -> str:
+    """The address of endpoint `index` of a routed run's `backend.urls` ("#3" if not listed)."""
+    urls = (spec.get("backend") or {}).get("urls") or []
+    return urls[index] if index < len(urls) else f"#{index}"
+
+
 def endpoint_lines(summary: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
     """A routed run (`backend.urls`): the policy and imbalance, then a line per endpoint."""
     endpoints = summary.get("endpoints")
     if not endpoints:
         return []
-    urls = spec.get("backend", {}).get("urls") or []
+    num_urls = len(spec.get("backend", {}).get("urls") or [])
     policy = spec.get("routing", {}).get("policy", "?")
     imbalance = summary.get("endpoint_imbalance")
     lines = [
-        f"routing {policy} over {len(urls)} endpoints: imbalance "
+        f"routing {policy} over {num_urls} endpoints: imbalance "
         f"{'-' if imbalance is None else f'{imbalance:.2f}'} (max / mean requests in flight)"
     ]
     for e in endpoints:
-        url = urls[e["endpoint"]] if e["endpoint"] < len(urls) else f"#{e['endpoint']}"
+        url = endpoint_url(spec, e["endpoint"])
         hit, ttft, tpot = e["prefix_cache_hit_rate"], e["ttft_ms_p50"], e["tpot_ms_p50"]
         lines.append(
             f"  {url}: {e['requests']} requests ({e['failed']} failed), "

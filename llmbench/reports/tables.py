@@ -227,13 +227,12 @@ def endpoint_note(run: RunData) -> str:
 
 def endpoint_rows(run: RunData) -> list[list[str]]:
     """One row per endpoint of a routed run (`backend.urls`); none otherwise."""
-    urls = (run.results.get("spec", {}).get("backend") or {}).get("urls") or []
+    spec = run.results.get("spec", {})
     rows = []
     for e in run.summary.get("endpoints") or []:
-        i = e["endpoint"]
         rows.append(
             [
-                urls[i] if i < len(urls) else f"#{i}",
+                summary_lines.endpoint_url(spec, e["endpoint"]),
                 str(e["requests"]),
                 str(e["failed"]),
                 num(e["mean_in_flight"], 2),

@@ -114,6 +114,10 @@ def test_local_server_pids_finds_the_listener_on_loopback_only():
         assert local_server_pids(f"http://127.0.0.1:{port}/v1") == [server.pid]
         assert local_server_pids(f"http://localhost:{port}") == [server.pid]
         assert local_server_pids(f"http://10.1.2.3:{port}/v1") == []  # not this machine
+        # Several endpoints (backend.urls): the listeners of each, once.
+        both = (f"http://10.1.2.3:{port}/v1", f"http://127.0.0.1:{port}/v1")
+        assert local_server_pids(*both, f"http://localhost:{port}") == [server.pid]
+        assert local_server_pids() == []
     finally:
         server.kill()
         server.wait()
