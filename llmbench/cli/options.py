@@ -107,3 +107,21 @@ def verdict_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def gpu_hour_price_option(help_text: str):
+    """`--gpu-hour-price PRICE`: what the machine costs an hour (> 0), for $/Mtok."""
+
+    def positive(ctx, param, value: float | None) -> float | None:
+        if value is not None and not value > 0:
+            raise click.BadParameter(f"must be > 0, got {value:g}")
+        return value
+
+    return click.option(
+        "--gpu-hour-price",
+        type=float,
+        default=None,
+        metavar="PRICE",
+        callback=positive,
+        help=help_text,
+    )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from llmbench.cli.options import gpu_hour_price_option
 from llmbench.errors import UserError
 from llmbench.roofline.cost_model import BYTES_PER_ELEM
 
@@ -122,6 +123,10 @@ def _sizes(text: str, option: str) -> list[int]:
 )
 @click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@gpu_hour_price_option(
+    "what the device costs an hour (e.g. 2.5 for an H100 at $2.50/h): each row gains the least "
+    "a million decode tokens can cost on it, at the tokens/s bound"
+)
 @click.option(
     "--html",
     "html_path",
@@ -138,6 +143,7 @@ def roofline(
     kv_dtype: str,
     tp: int,
     as_json: bool,
+    gpu_hour_price: float | None,
     html_path: Path | None,
 ) -> None:
     """What-if roofline: step-time bounds, tokens/s and the ridge batch of a model on a device.
@@ -167,8 +173,16 @@ def roofline(
         _kv_bytes_per_elem(kv_dtype, config.head_dim),
         tp,
     )
+    if gpu_hour_price is not None:
+        from llmbench.roofline.machine_cost import per_million_tokens
+
+        for row in rows:
+            row["cost_per_million_tokens_bound"] = per_million_tokens(
+                gpu_hour_price, row["decode_tok_per_s"]
+            )
     result = {
         "model": model,
+        "gpu_hour_price": gpu_hour_price,
         "hardware": hardware_label,
         "dtype": dtype,
         "kv_dtype": kv_dtype,
@@ -198,18 +212,28 @@ def roofline(
             "under uniform routing"
         )
     experts = f"{'experts':>9}" if is_moe else ""
+    price = f"{'$/Mtok':>9}" if gpu_hour_price is not None else ""
     click.echo(
         f"{'context':>8}{'batch':>7}{'step ms':>10}{'tok/s':>11}{'bound':>9}"
-        f"{'AI':>8}{'GB/step':>9}{experts}{'TTFT ms':>10}{'ridge':>7}"
+        f"{'AI':>8}{'GB/step':>9}{experts}{'TTFT ms':>10}{'ridge':>7}{price}"
     )
     for r in rows:
         touched = r["experts_touched_per_layer"]
         experts = f"{touched:>9.2f}" if is_moe else ""
+        price = ""
+        if gpu_hour_price is not None:
+            price = f"{r['cost_per_million_tokens_bound']:>9.3f}"
         click.echo(
             f"{r['context']:>8}{r['batch']:>7}{r['decode_step_ms']:>10.2f}"
             f"{r['decode_tok_per_s']:>11.0f}{r['bound']:>9}{r['arithmetic_intensity']:>8.1f}"
             f"{r['bytes_per_step'] / 1e9:>9.3f}{experts}"
-            f"{r['ttft_ms_bound']:>10.1f}{r['ridge_batch'] or '-':>7}"
+            f"{r['ttft_ms_bound']:>10.1f}{r['ridge_batch'] or '-':>7}{price}"
+        )
+    if gpu_hour_price is not None:
+        click.echo(
+            f"$/Mtok: at {gpu_hour_price:g} an hour, the least a million decode tokens cost at "
+            "the tokens/s bound (no engine reaches it; a run's --gpu-hour-price prices what it "
+            "measured)"
         )
     if any(r["ridge_batch"] is None for r in rows):
         click.echo(

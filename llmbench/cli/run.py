@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from llmbench.cli.options import gpu_hour_price_option
 from llmbench.errors import BackendFailure, UserError
 
 
@@ -56,6 +57,11 @@ from llmbench.errors import BackendFailure, UserError
     help="price the run's tokens with this price sheet (a YAML file, or a shipped example: "
     "claude-sonnet-4, gpt-4.1, deepseek-chat) into summary.cost (the spec's `prices`)",
 )
+@gpu_hour_price_option(
+    "what the machine serving the run costs an hour (a GPU's rent, or this CPU's), in the price "
+    "sheet's currency (USD without one): the run's tokens at its measured throughput as a price "
+    "per million tokens, in summary.self_hosted (the spec's `gpu_hour_price`)"
+)
 @click.option(
     "--strict",
     is_flag=True,
@@ -92,6 +98,7 @@ def run(
     force: bool,
     repeat: int | None,
     prices: str | None,
+    gpu_hour_price: float | None,
     strict: bool,
     client_cpus: str | None,
     shard: str | None,
@@ -127,6 +134,7 @@ def run(
         raise UserError(f"--repeat {repeat}: must be >= 1")
     sets = [*overrides, *([f"repeat={repeat}"] if repeat is not None else [])]
     sets += [f"prices={prices}"] if prices is not None else []
+    sets += [f"gpu_hour_price={gpu_hour_price}"] if gpu_hour_price is not None else []
     spec, variants = load_variants(workload_path(workload), sets, vary)
     if variants and shard is not None:
         raise UserError("--shard: not with variants; shard a run of one configuration")

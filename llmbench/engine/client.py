@@ -84,6 +84,16 @@ class EngineClient:
             if not is_finished and self._queues.pop(request_id, None) is not None:
                 self._engine_loop.abort(request_id)
 
+    async def reset_prefix_cache(self) -> bool:
+        """Empty the engine's prefix cache (between steps, on its thread); False while a
+        request is queued or running. Raises the engine's `BackendFailure` once it died."""
+        if self.error is not None:
+            raise self.error
+        if self._engine_loop is None:
+            raise RuntimeError("EngineClient.reset_prefix_cache before start()")
+        future = self._engine_loop.call(self.engine.reset_prefix_cache)
+        return await asyncio.wrap_future(future)
+
     # -- the engine thread's side ---------------------------------------------------------
 
     def _forward(self, output: RequestOutput) -> None:  # on the engine thread

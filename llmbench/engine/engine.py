@@ -312,6 +312,14 @@ class LLMEngine:
             or not self._aborts.empty()
         )
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache between workloads (call on the stepping thread, between
+        steps): False, and nothing changed, while a request is queued or running. The
+        admitted-token counters stay: they count the engine's life, as a server's do."""
+        if self.has_unfinished():
+            return False
+        return self.blocks.reset_prefix_cache()
+
     @property
     def prefix_cache_hit_rate(self) -> float:
         """Formula: cached prompt tokens / prompt tokens, over requests admitted so far."""

@@ -125,6 +125,20 @@ class BlockManager:
                 self._prefix_ids[block] = next(self._next_prefix_id)
             prefix_ids.append(self._prefix_ids[block])
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as a fresh cache would start: the blocks nobody uses are
+        freed and no key matches again. Only when no sequence holds a block (False otherwise:
+        a block in use keeps its contents, and its key could not be dropped without a sequence
+        later caching under a parent that no longer exists)."""
+        if any(self._ref_counts):
+            return False
+        self._free.extend(self._evictable)
+        self._evictable.clear()
+        self._cached.clear()
+        self._block_keys.clear()
+        self._prefix_ids.clear()
+        return True
+
     # -- allocation -----------------------------------------------------------------------
 
     def blocks_needed(self, block_table: list[int], num_tokens: int) -> int:

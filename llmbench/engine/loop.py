@@ -1,15 +1,19 @@
 """`EngineLoop`: the engine's step loop on its own thread, for servers and async drivers.
 
-Other threads submit and abort; the loop thread steps whenever there is work and hands every
-`RequestOutput` to a callback (called on the loop thread: an asyncio user forwards it with
+Other threads submit and abort, and hand it calls to make between steps (`call`: the engine is
+not thread-safe beyond submit and abort); the loop thread steps whenever there is work and hands
+every `RequestOutput` to a callback (called on the loop thread: an asyncio user forwards it with
 `loop.call_soon_threadsafe`). If a step raises, the loop stops, keeps the error, and hands it to
 `on_error` once, so whoever waits on outputs can be told at once instead of waiting forever.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
 
 from llmbench.engine.engine import LLMEngine
 from llmbench.engine.records import RequestOutput
@@ -31,6 +35,7 @@ class EngineLoop:
         self._on_error = on_error
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="llmbench-engine", daemon=True)
         self.error: BaseException | None = None  # what stopped the loop, if it crashed
 
@@ -56,9 +61,28 @@ class EngineLoop:
         self.engine.abort(request_id)
         self._wake.set()
 
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run `fn()` on the loop thread before its next step; its result (or exception)
+        arrives in the returned future. Refused with `BackendFailure` once the loop crashed."""
+        if self.error is not None:
+            raise BackendFailure(f"the engine has stopped: {describe(self.error)}")
+        future: Future = Future()
+        self._calls.put((fn, future))
+        self._wake.set()
+        return future
+
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            fn, future = self._calls.get()
+            try:
+                future.set_result(fn())
+            except Exception as e:  # noqa: BLE001 — the caller's to handle, not the loop's
+                future.set_exception(e)
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                self._run_calls()
                 if not self.engine.has_unfinished():
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
@@ -68,6 +92,11 @@ class EngineLoop:
         except BaseException as e:  # kept and handed on: the thread must not die silently
             self.error = e
             self._on_error(e)
+        failure = BackendFailure(
+            "the engine has stopped" if self.error is None else describe(self.error)
+        )
+        while not self._calls.empty():  # no call waits on a loop that has ended
+            self._calls.get()[1].set_exception(failure)
 
 
 def describe(error: BaseException) -> str:

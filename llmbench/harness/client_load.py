@@ -21,14 +21,18 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from llmbench.errors import UserError
+from llmbench.harness import shards
 from llmbench.harness.results import ClientLoad, ClientProcess, RunResult
 from llmbench.harness.shards import ClockAnchor
 
 SATURATED_BUSY = 0.8  # of one core: above this a single event loop starts to queue chunks
+# A shard whose schedule began this much after the agreed `--start-at` is said to be late.
+LATE_START_S = 0.1
 MIN_THREAD_CPU_S = 0.01  # threads that used less are left out of `threads`
 
 
@@ -194,6 +198,8 @@ class ClientMeter:
         self._start: _Snapshot | None = None
         self._end: _Snapshot | None = None
         self._has_started = False  # a common start has moved `_start` (`starting`)
+        self._schedule_start_ns: int | None = None  # the first common start (perf_counter)
+        self._agreed_start_unix_s: float | None = None  # the `--start-at` it was given
 
     def begin(self) -> None:
         if self._start is None:
@@ -204,17 +210,22 @@ class ClientMeter:
             self._end = _snapshot(self.server_pids)
 
     def starting(
-        self, start_at: Callable[[], Awaitable[int]] | None
+        self,
+        start_at: Callable[[], Awaitable[int]] | None,
+        agreed_start_unix_s: float | None = None,
     ) -> Callable[[], Awaitable[int]] | None:
         """`start_at` (a shard's common start) that also moves the window's start to the first
-        start it gives: waiting for the other shards, or for `--start-at`, is no load."""
+        start it gives (waiting for the other shards, or for `--start-at`, is no load) and keeps
+        that start, to say in `block` how far it was from `agreed_start_unix_s`."""
         if start_at is None:
             return None
+        self._agreed_start_unix_s = agreed_start_unix_s
 
         async def started() -> int:
             start_ns = await start_at()
             if not self._has_started:
                 self._has_started = True
+                self._schedule_start_ns = start_ns
                 now = _snapshot(self.server_pids)
                 self._start = dataclasses.replace(now, t_ns=max(now.t_ns, start_ns))
             return start_ns
@@ -247,6 +258,7 @@ class ClientMeter:
             system_s=round(system_s, 3),
             busy_fraction=round(busy_fraction(user_s + system_s, wall_s), 4),
             threads=thread_cpu_s(a.threads_s, end.threads_s, end.thread_names),
+            **self._start_of_schedule(start.clock),
         )
         server_s = None
         if a.server_s is not None and end.server_s is not None:
@@ -254,6 +266,27 @@ class ClientMeter:
         return combine(
             start, [process], self.server_pids, server_affinity(self.server_pids), server_s
         )
+
+    def _start_of_schedule(self, clock: ClockAnchor) -> dict[str, Any]:
+        """This process's host, when its schedule began by the wall clock, how far from the
+        agreed start, and how far its wall clock may be from true time (the kernel's NTP
+        state); only the host without a common start.
+
+        Formula: schedule_start_unix_s = (clock.unix_ns + start_ns − clock.perf_ns) / 1e9;
+        start_offset_s = schedule_start_unix_s − agreed_start_unix_s.
+        """
+        if self._schedule_start_ns is None:
+            return {"host": clock.host}
+        unix_s = (clock.unix_ns + self._schedule_start_ns - clock.perf_ns) / 1e9
+        agreed = self._agreed_start_unix_s
+        synced, max_error_s = shards.clock_sync()
+        return {
+            "host": clock.host,
+            "clock_synced": synced,
+            "clock_max_error_s": max_error_s,
+            "schedule_start_unix_s": round(unix_s, 6),
+            "start_offset_s": None if agreed is None else round(unix_s - agreed, 6),
+        }
 
 
 def own_affinity() -> tuple[int, ...]:
@@ -296,6 +329,7 @@ def combine(
     if server_cpus is not None and processes:
         shares = any(set(p.cpu_affinity) & set(server_cpus) for p in processes)
     top = max((p.busy_fraction for p in processes), default=None)
+    starts = [p.schedule_start_unix_s for p in processes if p.schedule_start_unix_s is not None]
     client = dataclasses.replace(
         base,
         processes=tuple(processes),
@@ -307,6 +341,7 @@ def combine(
         server_cpu_s=server_cpu_s,
         shares_cores_with_server=shares,
         clock_alignment=clock_alignment,
+        start_spread_s=round(max(starts) - min(starts), 6) if len(starts) > 1 else None,
     )
     return dataclasses.replace(client, warnings=tuple(warnings(client)))
 
@@ -321,6 +356,13 @@ def warnings(client: ClientLoad) -> list[str]:
             f"the client{' ' + which if which else ''} was busy {busiest.busy_fraction:.2f} of a "
             "core: it may have been the bottleneck (spread it over more processes with "
             "load.workers, or give it a core of its own with --client-cpus)"
+        )
+    late = [p for p in client.processes if (p.start_offset_s or 0) > LATE_START_S]
+    for p in late:
+        lines.append(
+            f"shard {p.shard} on {p.host} began {p.start_offset_s:.2f} s after the agreed "
+            "--start-at: its schedule ran that much behind the others' (give the shards more "
+            "time to start)"
         )
     if client.shares_cores_with_server:
         mine = format_cpu_list(c for p in client.processes for c in p.cpu_affinity)
@@ -366,3 +408,27 @@ def summary_line(client: ClientLoad | None) -> str | None:
         if client.server_cpu_s is not None:
             line += f", {client.server_cpu_s:.2f} CPU s"
     return line
+
+
+def start_line(client: ClientLoad | None) -> str | None:
+    """How well the shards' schedules lined up (by their hosts' clocks): how far apart they
+    began, and the latest one's distance from `--start-at`; None without a common start."""
+    if client is None:
+        return None
+    offsets = [p.start_offset_s for p in client.processes if p.start_offset_s is not None]
+    parts = []
+    if client.start_spread_s is not None:
+        parts.append(f"the shards' schedules began {client.start_spread_s * 1e3:.1f} ms apart")
+    if offsets:
+        parts.append(f"the latest {max(offsets) * 1e3:+.1f} ms from --start-at")
+    if not parts:
+        return None
+    line = "start: " + ", ".join(parts) + " (by each host's wall clock"
+    hosts = {p.host: p for p in client.processes if p.schedule_start_unix_s is not None}
+    unsynced = sorted(h for h, p in hosts.items() if p.clock_synced is False)
+    errors = [p.clock_max_error_s for p in hosts.values() if p.clock_max_error_s is not None]
+    if len(hosts) > 1 and unsynced:
+        line += f"; not synchronized on {', '.join(unsynced)}: the hosts may start seconds apart"
+    elif len(hosts) > 1 and errors:
+        line += f"; each within ±{max(errors) * 1e3:.0f} ms of true time, as their kernels say"
+    return line + ")"

@@ -1,5 +1,6 @@
 """What a run's tokens cost under a price sheet (`prices`): per request, per session, per run,
-and what they would have cost with no prompt cache.
+and what they would have cost with no prompt cache; and what they cost on a machine rented by
+the hour (`gpu_hour_price`, `self_hosted_summary`), beside the sheet's price.
 
 Formula, per completed request (a failed one is not billed), prices per million tokens:
     prompt    = the server's prompt count when it gave one, else the client's
@@ -24,8 +25,7 @@ from dataclasses import dataclass
 
 from llmbench.harness.prices import PriceSheet
 from llmbench.harness.records import RequestRecord
-
-PER = 1e6  # prices are per million tokens
+from llmbench.roofline.machine_cost import PER, SECONDS_PER_HOUR, per_million_tokens
 
 
 @dataclass(frozen=True)
@@ -98,4 +98,32 @@ def cost_summary(records: Sequence[RequestRecord], sheet: PriceSheet) -> dict:
         "cache_discount": 1 - total / no_cache if no_cache > 0 else None,
         "per_request": total / len(bills) if bills else None,
         "per_session": total / len(sessions) if sessions else None,
+    }
+
+
+def self_hosted_summary(price_per_hour: float, currency: str, summary: dict) -> dict:
+    """The run's tokens on a machine at `price_per_hour`, for `summary.self_hosted`
+    (results-schema.md), from the run's measured throughput (`machine_cost`): per million
+    output tokens, per million tokens in and out, the run's window; beside it the price sheet's
+    cost per million output tokens when the run was priced (`summary.cost`).
+
+    Formula: per_million_output_tokens = price_per_hour / 3600 / output_tok_per_s · 1e6;
+    per_million_tokens the same over input_tok_per_s + output_tok_per_s; run_total =
+    price_per_hour · duration_s / 3600; api_per_million_output_tokens = cost.total /
+    (cost.reply_tokens + cost.reasoning_tokens) · 1e6.
+    """
+    output_rate = summary.get("output_tok_per_s")
+    all_rate = (summary.get("input_tok_per_s") or 0) + (output_rate or 0)
+    cost = summary.get("cost")
+    api = None
+    if cost:
+        billed_output = cost["reply_tokens"] + cost["reasoning_tokens"]
+        api = cost["total"] / billed_output * PER if billed_output else None
+    return {
+        "price_per_hour": price_per_hour,
+        "currency": currency,
+        "per_million_output_tokens": per_million_tokens(price_per_hour, output_rate),
+        "per_million_tokens": per_million_tokens(price_per_hour, all_rate),
+        "run_total": price_per_hour * (summary.get("duration_s") or 0) / SECONDS_PER_HOUR,
+        "api_per_million_output_tokens": api,
     }

@@ -311,10 +311,13 @@ def cache_hit_rate(completed: Sequence[RequestRecord]) -> float | None:
     return sum(r.cached_tokens for r in reporting) / denominator if denominator > 0 else None
 
 
-def endpoint_summaries(measured: Sequence[RequestRecord], duration_s: float) -> list[dict]:
-    """One entry per endpoint of a routed run (`backend.urls`, by index), over its measured
-    requests: requests, failed, prefix-cache hit rate, TTFT and TPOT p50 of the completed, and
-    the requests it held in flight on average.
+def endpoint_summaries(
+    measured: Sequence[RequestRecord], duration_s: float, num_endpoints: int = 0
+) -> list[dict]:
+    """One entry per endpoint of a routed run (`backend.urls`, by index; all `num_endpoints` of
+    them, an endpoint sent nothing included), over its measured requests: requests, failed,
+    prefix-cache hit rate, TTFT and TPOT p50 of the completed, and the requests it held in
+    flight on average.
 
     Formula: mean_in_flight = Σ (end_ns − sent_ns) of its requests / the run's window.
     """
@@ -323,8 +326,8 @@ def endpoint_summaries(measured: Sequence[RequestRecord], duration_s: float) -> 
         if r.endpoint is not None:
             by_endpoint.setdefault(r.endpoint, []).append(r)
     out = []
-    for endpoint in sorted(by_endpoint):
-        mine = by_endpoint[endpoint]
+    for endpoint in range(max([num_endpoints - 1, *by_endpoint]) + 1):
+        mine = by_endpoint.get(endpoint, [])
         completed = [r for r in mine if r.ok]
         busy_ns = sum(max(0, r.end_ns - r.sent_ns) for r in mine if r.end_ns)
         ttfts = [v for v in map(ttft_ms, completed) if v is not None]
@@ -351,8 +354,11 @@ def endpoint_imbalance(endpoints: Sequence[dict]) -> float | None:
     return max(loads) / mean if mean > 0 else None
 
 
-def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = None) -> dict:
-    """The run's summary over its measured (non-warm-up) requests.
+def summarize(
+    records: Sequence[RequestRecord], slo: dict[str, float] | None = None, num_endpoints: int = 0
+) -> dict:
+    """The run's summary over its measured (non-warm-up) requests (routed over `num_endpoints`
+    endpoints: a line for each in `endpoints`).
 
     Latency distributions are over completed requests, except `queue_ms`, which is over every
     measured request (the driver lagged whether or not the server then failed).
@@ -434,8 +440,8 @@ def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = N
         "failed_fraction": num_failed / len(measured) if measured else None,
         "failure_reasons": dict(sorted(reasons.items(), key=lambda item: -item[1])),
     }
-    if any(r.endpoint is not None for r in measured):  # routed over `backend.urls`
-        summary["endpoints"] = endpoint_summaries(measured, duration_s)
+    if num_endpoints or any(r.endpoint is not None for r in measured):  # `backend.urls`
+        summary["endpoints"] = endpoint_summaries(measured, duration_s, num_endpoints)
         summary["endpoint_imbalance"] = endpoint_imbalance(summary["endpoints"])
     for name, metric in SERVER_TIMINGS.items():
         timed = values(metric)

@@ -31,8 +31,8 @@ from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spread import spread
 from llmbench.harness.yaml_source import SpecError
 
-SCHEMA_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)  # 1 to 4 are migrated on read
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # 1 to 3 are migrated on read; 4 and 5 read as 6
 RESULTS_FILE = "results.json"
 
 
@@ -217,6 +217,16 @@ class ClientProcess:
     system_s: float
     busy_fraction: float  # (user_s + system_s) / wall_s: 1.0 = one core busy the whole time
     threads: Mapping[str, float] = field(default_factory=dict)  # thread → CPU s in the window
+    # A shard's start: when its schedule's offset 0 was, by its host's wall clock, and how far
+    # that was from the start every shard was given (`--start-at`; > 0: it began late and its
+    # schedule ran that much behind the others'). None: no common start (one process).
+    host: str | None = None
+    schedule_start_unix_s: float | None = None
+    start_offset_s: float | None = None
+    # Its host's wall clock as the kernel sees it (`shards.clock_sync`): synchronized (NTP or
+    # PTP), and its maximum error from true time; None: not known.
+    clock_synced: bool | None = None
+    clock_max_error_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +245,8 @@ class ClientLoad:
     server_cpu_s: float | None = None  # its user + system CPU in the measured window
     shares_cores_with_server: bool | None = None  # None: no local server, or unreadable
     clock_alignment: str | None = None  # a merge: how each shard's records were put on `clock`
+    # A merge: max − min of the shards' `schedule_start_unix_s` (by their hosts' own clocks).
+    start_spread_s: float | None = None
     warnings: tuple[str, ...] = ()  # also appended to `summary.warnings`
 
 
@@ -299,7 +311,9 @@ def read_results(path: Path) -> RunResult:
         data = _migrate_v3(_migrate_v2(data))
     elif version == 3:
         data = _migrate_v3(data)
-    elif version not in (4, SCHEMA_VERSION):  # 4: `Probe.allocation_best_per_s` reads as null
+    # 4: `Probe.allocation_best_per_s` reads as null; 4 and 5: a client process's start and
+    # clock fields read as null (not known).
+    elif version not in (4, 5, SCHEMA_VERSION):
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)
         found = "none" if version is None else repr(version)
         newer = isinstance(version, int) and version > SCHEMA_VERSION

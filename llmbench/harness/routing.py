@@ -6,9 +6,12 @@ policies a gateway in front of model replicas uses, each a small class.
     prefix_affinity  the endpoint that served the longest leading part of this prompt, as
                      vLLM's production-stack router and SGLang's cache-aware router route: a
                      replica that holds a prefix in its KV cache does not compute it again.
-                     A load cap keeps one hot prefix from pinning one replica: an endpoint
-                     with `max_imbalance` or more requests in flight above the least loaded
-                     one is passed over for the least loaded.
+                     Only a match of `min_match` of the prompt or more counts (SGLang's cache
+                     threshold): a new conversation that shares no more than a system prompt
+                     goes to the least loaded endpoint, not to wherever that prompt went
+                     first. A load cap keeps one hot prefix from pinning one replica: an
+                     endpoint with `max_imbalance` or more requests in flight above the least
+                     loaded one is passed over for the least loaded.
     session_sticky   every request of a session to the endpoint its first request went to
 
 A prompt's leading blocks are `block_tokens` token ids each (the client tokenizer's ids of the
@@ -127,9 +130,16 @@ def prefix_keys(prompt_ids: Sequence[int], block_tokens: int) -> list[int]:
 class PrefixAffinity:
     name: RoutingPolicy = "prefix_affinity"
 
-    def __init__(self, block_tokens: int = 16, max_imbalance: int = 2, max_keys: int = 100_000):
+    def __init__(
+        self,
+        block_tokens: int = 16,
+        max_imbalance: int = 2,
+        min_match: float = 0.5,
+        max_keys: int = 100_000,
+    ):
         self.block_tokens = block_tokens
         self.max_imbalance = max_imbalance
+        self.min_match = min_match  # the share of the prompt a known prefix must cover
         self.max_keys = max_keys
         self.owner: OrderedDict[int, int] = OrderedDict()  # prefix key → endpoint, LRU order
 
@@ -138,8 +148,11 @@ class PrefixAffinity:
         least = endpoints.least_loaded(up)
         keys = prefix_keys(request.prompt_ids, self.block_tokens)
         chosen = least
-        for key in reversed(keys):  # the longest known prefix first
-            owner = self.owner.get(key)
+        num_tokens = max(len(request.prompt_ids), 1)
+        for k in range(len(keys) - 1, -1, -1):  # the longest known prefix first
+            if (k + 1) * self.block_tokens < self.min_match * num_tokens:
+                break  # too short a match to be worth its endpoint's load
+            owner = self.owner.get(keys[k])
             if owner is not None and owner in up:
                 is_capped = (
                     endpoints.in_flight[owner] - endpoints.in_flight[least] >= self.max_imbalance
@@ -168,14 +181,16 @@ class SessionSticky:
         return home
 
 
-def make_policy(name: RoutingPolicy, block_tokens: int = 16, max_imbalance: int = 2) -> Policy:
+def make_policy(
+    name: RoutingPolicy, block_tokens: int = 16, max_imbalance: int = 2, min_match: float = 0.5
+) -> Policy:
     """The policy called `name` (one of `POLICIES`)."""
     if name == "round_robin":
         return RoundRobin()
     if name == "least_loaded":
         return LeastLoaded()
     if name == "prefix_affinity":
-        return PrefixAffinity(block_tokens, max_imbalance)
+        return PrefixAffinity(block_tokens, max_imbalance, min_match)
     if name == "session_sticky":
         return SessionSticky()
     raise ValueError(f"unknown routing policy {name!r}; one of {', '.join(POLICIES)}")

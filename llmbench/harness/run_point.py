@@ -112,7 +112,16 @@ def execute_point(
                 stop.fail(write_failed(folder / EXPERTS_FILE, e))
 
     own_workloads = [shards.pick(sessions, shard) for sessions in workloads]
-    repetitions = Repetitions(backend, tokenizer, options, log, own_workloads, on_start)
+    reset = None
+    if spec.backend.reset_prefix_cache:
+
+        async def reset() -> None:
+            try:
+                await backend.reset_prefix_cache()
+            except Exception as e:  # noqa: BLE001 — e.g. a server without the endpoint
+                raise UserError(f"backend.reset_prefix_cache: {e}") from None
+
+    repetitions = Repetitions(backend, tokenizer, options, log, own_workloads, on_start, reset)
     spec_dict = spec.to_dict()  # plain JSON values, as read back
     own_pids = provenance.local_server_pids(*spec.backend.addresses)
     shared_tokens = None  # a server may hold a prefix cache from before the run: worth a check
@@ -125,7 +134,8 @@ def execute_point(
         index, count = (shard.index, shard.count) if shard else (None, 1)
         client = client_load.start_block(index, count, shards.clock_anchor())
         if shard is not None:
-            shard = replace(shard, start_at=meter.starting(shard.start_at))
+            started = meter.starting(shard.start_at, shard.agreed_start_unix_s)
+            shard = replace(shard, start_at=started)
     failure: BackendFailure | None = None
     with (
         provenance.LoadMonitor(own_pids=own_pids) as monitor,
@@ -361,7 +371,9 @@ def _open_backend(spec: RunSpec):
         from llmbench.harness.routing import make_policy
 
         routing = spec.routing
-        policy = make_policy(routing.policy, routing.block_tokens, routing.max_imbalance)
+        policy = make_policy(
+            routing.policy, routing.block_tokens, routing.max_imbalance, routing.min_match
+        )
         return RoutedBackend(servers, policy, routing.down_s), tokenizer, weights.config
     from llmbench.harness.backends.transformers import TransformersBackend
 

@@ -46,11 +46,15 @@ class Repetitions:
         log: RecordLog,
         workloads: list[list[Session]],
         on_start: Callable[[int], object] | None = None,
+        reset: Callable[[], Awaitable[object]] | None = None,
     ):
         self.backend, self.tokenizer, self.options, self.log = backend, tokenizer, options, log
         # Called with each repetition's number as it starts, before its first request (the
         # backend is idle then: the warm-up's or the last repetition's requests have all ended).
         self.on_start = on_start
+        # Awaited before each repetition's first request, before `on_start`: empties the
+        # backend's prefix cache (`backend.reset_prefix_cache`), so each repetition starts cold.
+        self.reset = reset
         self.workloads = workloads  # repetition k's sessions at index k - 1
         self.records: list[RequestRecord] = []
         self.sessions: list[SessionStats] = []
@@ -73,6 +77,8 @@ class Repetitions:
                 f"repetition {number}/{len(self.workloads)}: " if len(self.workloads) > 1 else ""
             )
             progress = Progress(sum(len(s.turns) for s in sessions), label)
+            if self.reset is not None:
+                await self.reset()
             self.num_started = number
             if self.on_start is not None:
                 self.on_start(number)

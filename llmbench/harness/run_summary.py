@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbench.harness import metrics, record_log, telemetry
-from llmbench.harness.cost import cost_summary
+from llmbench.harness.cost import cost_summary, self_hosted_summary
 from llmbench.harness.driver import SessionStats
 from llmbench.harness.expert_stats_file import moe_summary
 from llmbench.harness.failures import DEFAULT_MAX_FAILED_FRACTION
@@ -107,10 +107,12 @@ def _summary_of(
     slo: dict[str, float],
     is_busy: bool,
     roof: Roofline | None,
+    num_endpoints: int,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float | None]]]:
     """The summary of some measured records (a repetition, or all of them) with their sessions
-    and roofline points, and the roofline phases of those points against `roof`'s roofs."""
-    summary = metrics.summarize(records, slo)
+    and roofline points, and the roofline phases of those points against `roof`'s roofs (routed
+    over `num_endpoints` endpoints, 0: not routed)."""
+    summary = metrics.summarize(records, slo, num_endpoints)
     summary["sessions"] = session_summary(sessions)
     summary["machine_busy"] = is_busy
     phases: dict[str, dict[str, float | None]] = {}
@@ -153,7 +155,10 @@ def finish(
     slo = dict(start.spec.get("slo") or {})
     is_busy = load.is_busy
     measured_points = [p for p in points if p.get("repetition", 1) >= 1]
-    summary, phases = _summary_of(records, measured_points, sessions, slo, is_busy, start.roofline)
+    num_endpoints = len((start.spec.get("backend") or {}).get("urls") or ())
+    summary, phases = _summary_of(
+        records, measured_points, sessions, slo, is_busy, start.roofline, num_endpoints
+    )
     last = max(
         [num_repetitions, num_whole_repetitions, 1]
         + [r.repetition for r in records if not r.is_warmup]
@@ -168,6 +173,7 @@ def finish(
             slo,
             is_busy,
             start.roofline,
+            num_endpoints,
         )
         repetitions.append(
             {"repetition": number, "is_partial": number > num_whole_repetitions, **alone}
@@ -175,8 +181,14 @@ def finish(
     summary["repetitions"] = repetitions
     summary["spread"] = spread([r for r in repetitions if not r["is_partial"]])
     sheet = start.spec.get("prices")
+    currency = "USD"
     if sheet:  # no price sheet: no money, never a made-up price
-        summary["cost"] = cost_summary(records, load_prices(sheet))
+        prices = load_prices(sheet)
+        summary["cost"] = cost_summary(records, prices)
+        currency = prices.currency
+    price_per_hour = start.spec.get("gpu_hour_price")
+    if price_per_hour:
+        summary["self_hosted"] = self_hosted_summary(price_per_hour, currency, summary)
     summary["warnings"] = run_warnings(
         records,
         summary,

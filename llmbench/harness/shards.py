@@ -19,6 +19,8 @@ as their clock sync, NTP's milliseconds).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import platform
 import sys
 import time
@@ -53,6 +55,7 @@ class Shard:
     index: int
     count: int
     start_at: Callable[[], Awaitable[int]] | None = None
+    agreed_start_unix_s: float | None = None  # `--start-at`: the start every shard was given
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,47 @@ def parse_shard(text: str) -> tuple[int, int]:
     if not sep or n < 1 or not 0 <= i < n:
         raise UserError(f"--shard {text}: expected i/N with 0 <= i < N, e.g. --shard 0/2")
     return i, n
+
+
+class _Timeval(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("usec", ctypes.c_long)]
+
+
+class _Timex(ctypes.Structure):
+    """Linux's `struct timex` (adjtimex(2)); read only (modes 0)."""
+
+    _fields_ = [
+        ("modes", ctypes.c_uint),
+        *((name, ctypes.c_long) for name in ("offset", "freq", "maxerror", "esterror")),
+        ("status", ctypes.c_int),
+        *((name, ctypes.c_long) for name in ("constant", "precision", "tolerance")),
+        ("time", _Timeval),
+        *((name, ctypes.c_long) for name in ("tick", "ppsfreq", "jitter")),
+        ("shift", ctypes.c_int),
+        *((name, ctypes.c_long) for name in ("stabil", "jitcnt", "calcnt", "errcnt", "stbcnt")),
+        ("tai", ctypes.c_int),
+        ("padding", ctypes.c_int * 11),
+    ]
+
+
+_TIME_ERROR = 5  # adjtimex's clock state: not synchronized
+
+
+def clock_sync() -> tuple[bool | None, float | None]:
+    """Whether this host's wall clock is synchronized (NTP, PTP: the kernel's view) and the
+    kernel's maximum error of it in seconds: how far from true time a shard's `--start-at` can
+    be. (None, None) where the kernel cannot be asked (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None, None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        timex = _Timex()
+        state = libc.adjtimex(ctypes.byref(timex))
+    except (OSError, AttributeError):
+        return None, None
+    if state < 0:
+        return None, None
+    return state != _TIME_ERROR, timex.maxerror / 1e6
 
 
 def boot_id() -> str | None:
@@ -208,10 +252,16 @@ def from_options(text: str | None, start_unix_s: float | None, spec: Any) -> Sha
         raise UserError(
             f"--shard {text}: not with load.workers {spec.load.workers}; shard the run one way"
         )
+    if spec.backend.reset_prefix_cache:
+        raise UserError(
+            f"--shard {text}: not with backend.reset_prefix_cache (a shard would empty the "
+            "caches under another's requests); reset the servers before the shards start"
+        )
     why = problem(spec.backend.kind, spec.load, spec.workload.sessions, count)
     if why is not None:
         raise UserError(f"--shard {text}: {why}")
-    return Shard(index, count, None if start_unix_s is None else _first_at(start_unix_s))
+    start_at = None if start_unix_s is None else _first_at(start_unix_s)
+    return Shard(index, count, start_at, start_unix_s)
 
 
 def _first_at(start_unix_s: float) -> Callable[[], Awaitable[int]]:

@@ -90,6 +90,10 @@ class BackendSpec:
     # timings there instead of sending them (llama-cpp-python's server prints llama.cpp's
     # perf blocks); what it writes during the run is read at the end and matched to requests.
     server_log: str | None = None
+    # Empty the prefix cache of the engine or of every server (`POST /reset_prefix_cache`, or
+    # SGLang's `/flush_cache`) before each measured repetition, after the warm-up: each starts
+    # cold, and variants run one after another against the same servers compare fairly.
+    reset_prefix_cache: bool = False
 
     @property
     def addresses(self) -> list[str]:
@@ -100,13 +104,16 @@ class BackendSpec:
 @dataclass(frozen=True)
 class RoutingSpec:
     """How requests are spread over `backend.urls` (`harness.routing`): the policy, the prompt
-    block that prefix affinity hashes, its load cap, and how long a failed endpoint is skipped."""
+    block that prefix affinity hashes, its load cap and least match, and how long a failed
+    endpoint is skipped."""
 
     policy: Literal["round_robin", "least_loaded", "prefix_affinity", "session_sticky"] = (
         "round_robin"
     )
     block_tokens: int = 16
     max_imbalance: int = 2  # prefix affinity: requests in flight above the least loaded
+    # prefix affinity: the share of a prompt a known prefix must cover to route by it
+    min_match: float = 0.5
     down_s: float = 5.0
 
 
@@ -298,6 +305,7 @@ NOT_THE_BENCHMARK = (
     "max_failed_fraction",
     "quality",
     "prices",
+    "gpu_hour_price",
     "load.workers",
     "backend.url",
     "backend.urls",
@@ -335,6 +343,9 @@ class RunSpec:
     # A price sheet (a YAML path, or a shipped example's name: `harness.prices`) that turns the
     # run's tokens into money (`summary.cost`); None: no money shown.
     prices: str | None = None
+    # What the machine serving the run costs an hour (in the price sheet's currency, USD
+    # without one): the run's tokens priced at its measured throughput (`summary.self_hosted`).
+    gpu_hour_price: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain JSON values (a tuple is a list), as results.json holds it."""

@@ -291,6 +291,8 @@ def _check(spec: RunSpec) -> None:
         if value < 0:
             raise SpecError(path, f"must be >= 0, got {value}")
     _check_addresses(spec)
+    if spec.gpu_hour_price is not None and not spec.gpu_hour_price > 0:
+        raise SpecError("gpu_hour_price", f"must be > 0, got {spec.gpu_hour_price}")
     if spec.prices is not None:
         try:
             load_prices(spec.prices)
@@ -400,11 +402,20 @@ def _check_addresses(spec: RunSpec) -> None:
         raise SpecError("backend.urls", "lists an address twice")
     if spec.load.workers > 1 and backend.urls:
         raise SpecError("backend.urls", "routed by one client process: set load.workers 1")
+    if backend.reset_prefix_cache and backend.kind == "transformers":
+        raise SpecError("backend.reset_prefix_cache", "the transformers backend has no cache")
+    if backend.reset_prefix_cache and spec.load.workers > 1:
+        raise SpecError(
+            "backend.reset_prefix_cache",
+            "one client process resets the caches: set load.workers 1",
+        )
     routing = spec.routing
     if routing.block_tokens < 1:
         raise SpecError("routing.block_tokens", f"must be >= 1, got {routing.block_tokens}")
     if routing.max_imbalance < 1:
         raise SpecError("routing.max_imbalance", f"must be >= 1, got {routing.max_imbalance}")
+    if not 0 <= routing.min_match <= 1:
+        raise SpecError("routing.min_match", f"must be between 0 and 1, got {routing.min_match}")
     if routing.down_s < 0:
         raise SpecError("routing.down_s", f"must be >= 0, got {routing.down_s}")
 

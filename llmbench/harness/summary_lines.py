@@ -112,6 +112,24 @@ def cost_lines(summary: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def self_hosted_lines(summary: Mapping[str, Any]) -> list[str]:
+    """A run with a machine price (`gpu_hour_price`): its tokens at the measured throughput."""
+    hosted = summary.get("self_hosted")
+    if not hosted:
+        return []
+    unit = hosted["currency"]
+    api = hosted["api_per_million_output_tokens"]
+    line = (
+        f"self-hosted at {hosted['price_per_hour']:g} {unit}/hour: "
+        f"{_rate(hosted['per_million_output_tokens'], '.4f')} {unit} per million output tokens, "
+        f"{_rate(hosted['per_million_tokens'], '.4f')} per million tokens in and out, at this "
+        f"run's throughput ({hosted['run_total']:.4f} {unit} for its window)"
+    )
+    if api is not None:
+        line += f"; the price sheet: {api:.4f} per million output tokens, input included"
+    return [line]
+
+
 def warning_lines(summary: Mapping[str, Any]) -> list[str]:
     """`summary.warnings`, each as a WARNING line."""
     return [f"WARNING: {line}" for line in summary.get("warnings") or []]
@@ -145,6 +163,7 @@ def format_summary(result: RunResult) -> str:
     lines += server_client_lines(s)
     lines += endpoint_lines(s, result.spec)
     lines += cost_lines(s)
+    lines += self_hosted_lines(s)
     roof = result.roofline
     estimated = ""
     if roof is not None and roof.is_estimated:
@@ -171,9 +190,9 @@ def format_summary(result: RunResult) -> str:
             f"(waiting on the model {sessions['mean_model_wait_s']:.1f} s, on tools "
             f"{sessions['mean_tool_wait_s']:.1f} s)"
         )
-    client = client_load.summary_line(result.client)
-    if client is not None:
-        lines.append(client)
+    for line in (client_load.summary_line(result.client), client_load.start_line(result.client)):
+        if line is not None:
+            lines.append(line)
     if s.get("speculative"):
         lines.append(format_speculative(s["speculative"]))
     repetitions = format_repetitions(result)

@@ -245,14 +245,44 @@ def endpoint_rows(run: RunData) -> list[list[str]]:
 
 
 def cost_rows(run: RunData) -> list[tuple[str, str]]:
-    """A priced run's bill (`summary.cost`) as label/value pairs; none without a price sheet."""
-    cost = run.summary.get("cost")
+    """A priced run's bill (`summary.cost`) and its tokens on a machine by the hour
+    (`summary.self_hosted`) as label/value pairs; none without a price sheet or a machine
+    price."""
+    return _bill_rows(run.summary.get("cost")) + _self_hosted_rows(run.summary.get("self_hosted"))
+
+
+def _money(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:.4f} {unit}"
+
+
+def _self_hosted_rows(hosted: dict | None) -> list[tuple[str, str]]:
+    if not hosted:
+        return []
+    unit = hosted["currency"]
+    rows = [
+        ("machine price", f"{hosted['price_per_hour']:g} {unit} an hour"),
+        (
+            "self-hosted, per million tokens",
+            f"{_money(hosted['per_million_output_tokens'], unit)} output, "
+            f"{_money(hosted['per_million_tokens'], unit)} in and out (at this run's throughput)",
+        ),
+        ("self-hosted, this run's window", _money(hosted["run_total"], unit)),
+    ]
+    api = hosted["api_per_million_output_tokens"]
+    if api is not None:
+        rows.append(
+            ("the price sheet, per million output tokens (input included)", _money(api, unit))
+        )
+    return rows
+
+
+def _bill_rows(cost: dict | None) -> list[tuple[str, str]]:
     if not cost:
         return []
     unit = cost["currency"]
 
     def money(value: float | None) -> str:
-        return "-" if value is None else f"{value:.4f} {unit}"
+        return _money(value, unit)
 
     writes = "cache write" if cost["writes_uncached_to_cache"] else "input"
     return [

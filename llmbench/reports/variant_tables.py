@@ -230,6 +230,74 @@ def speculative_cells(block: dict[str, Any]) -> list[str]:
     ]
 
 
+def _endpoint_loads(summary: dict[str, Any]) -> str:
+    """Requests per endpoint, in `backend.urls` order: "42 / 8" ("-": not routed)."""
+    return " / ".join(str(e["requests"]) for e in summary.get("endpoints") or ()) or "-"
+
+
+def _cost_per_session(summary: dict[str, Any]) -> str:
+    cost = summary.get("cost")
+    if not cost or cost["per_session"] is None:
+        return "-"
+    return f"{cost['per_session']:.4f} {cost['currency']}"
+
+
+def _self_hosted_per_mtok(summary: dict[str, Any]) -> str:
+    hosted = summary.get("self_hosted")
+    if not hosted or hosted["per_million_output_tokens"] is None:
+        return "-"
+    return f"{hosted['per_million_output_tokens']:.4f} {hosted['currency']}"
+
+
+# The prefix-cache columns: (header, value of a variant's summary); the routing ones only when a
+# variant was routed, the cost ones only when one was priced (`cache_columns`).
+_CACHE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("prefix-cache hit rate", lambda s: ratio(s.get("prefix_cache_hit_rate"))),
+    ("TTFT p50 (ms)", lambda s: num(metric_value(s, "ttft_ms.p50"))),
+    ("TTFT p99 (ms)", lambda s: num(metric_value(s, "ttft_ms.p99"))),
+)
+_ROUTING_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("requests per endpoint", _endpoint_loads),
+    ("imbalance", lambda s: num(s.get("endpoint_imbalance"), 2)),
+)
+_COST_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("cost per session", _cost_per_session),
+    ("cache discount", lambda s: percent((s.get("cost") or {}).get("cache_discount"))),
+)
+
+
+def _cache_columns(variants: list[VariantRun]) -> list[tuple[str, Callable[[dict], str]]]:
+    """The cache table's columns; none when no variant reports a hit rate, routes or prices."""
+    summaries = [v.run.summary for v in measured(variants)]
+    is_routed = any(s.get("endpoints") for s in summaries)
+    is_priced = any(s.get("cost") for s in summaries)
+    is_hosted = any(s.get("self_hosted") for s in summaries)
+    has_hits = any(s.get("prefix_cache_hit_rate") is not None for s in summaries)
+    if not (is_routed or is_priced or is_hosted or has_hits):
+        return []
+    columns = list(_CACHE_COLUMNS)
+    columns += list(_ROUTING_COLUMNS) if is_routed else []
+    columns += list(_COST_COLUMNS) if is_priced else []
+    if is_hosted:
+        columns.append(("self-hosted per Mtok out", _self_hosted_per_mtok))
+    return columns
+
+
+def cache_header(variants: list[VariantRun]) -> tuple[str, ...]:
+    return ("variant", *(h for h, _ in _cache_columns(variants)))
+
+
+def cache_rows(variants: list[VariantRun]) -> list[list[str]]:
+    """A row per variant: its prefix-cache hit rate and TTFT p50 / p99 (what a cache miss
+    costs), with the requests each endpoint got and the imbalance when routed (`routing`), and
+    the cost per session and the cache discount when priced (`prices`); [] when no variant
+    reports any of them."""
+    columns = _cache_columns(variants)
+    if not columns:
+        return []
+    return [[v.name, *(show(v.run.summary) for _, show in columns)] for v in measured(variants)]
+
+
 STATUS_HEADER = ("variant", "status", "sets", "error")
 
 
@@ -245,7 +313,8 @@ def status_rows(variants: list[VariantRun]) -> list[list[str]]:
 
 def terminal_table(variants: list[VariantRun]) -> str:
     """The comparison `llmbench run` prints after the variants: a row per variant (output
-    tok/s, TTFT and TPOT p50, decode MBU, weights; perplexity and acceptance when measured),
+    tok/s, TTFT and TPOT p50, decode MBU, weights; the prefix-cache hit rate when routed, the
+    cost per session when priced, perplexity and acceptance when measured),
     and each one that did not end whole with its status."""
     shown = measured(variants)
     columns = [
@@ -257,6 +326,10 @@ def terminal_table(variants: list[VariantRun]) -> str:
     ]
     if any(v.run.summary.get("quality") for v in shown):
         columns.append(("perplexity", lambda v: _perplexity(v.run)))
+    if any(v.run.summary.get("endpoints") for v in shown):
+        columns.append(("hit rate", lambda v: ratio(v.run.summary.get("prefix_cache_hit_rate"))))
+    if any(v.run.summary.get("cost") for v in shown):
+        columns.append(("cost/session", lambda v: _cost_per_session(v.run.summary)))
     if any(v.run.summary.get("speculative") for v in shown):
         columns.append(
             (

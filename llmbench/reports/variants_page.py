@@ -33,6 +33,13 @@ SPECULATIVE_NOTE = (
     "one sequence's drafts checked in one step, its tokens the accepted drafts plus the one "
     "the target adds."
 )
+CACHE_NOTE = (
+    "Prompt tokens served from the prefix cache over all prompt tokens, and the TTFT a miss "
+    "shows up in; routed variants add the requests each endpoint got (in backend.urls order) "
+    "and the imbalance (max / mean requests in flight), priced ones the mean cost of a "
+    "session and what the cache took off the bill. Compare routing policies with "
+    "backend.reset_prefix_cache on, so that no variant starts on another's cache."
+)
 
 
 def status_title(variants: list[VariantRun]) -> str:
@@ -56,6 +63,7 @@ def render(folder: Path) -> tuple[Page, str]:
         "config": variant_tables.config_rows(variants),
         "quality": variant_tables.quality_rows(variants),
         "speculative": variant_tables.speculative_rows(variants),
+        "cache": variant_tables.cache_rows(variants),
         "status": variant_tables.status_rows(variants),
     }
     title = f"llmbench variants: {index.name}"
@@ -87,6 +95,9 @@ def render(folder: Path) -> tuple[Page, str]:
         speculative_note=SPECULATIVE_NOTE,
         speculative_header=variant_tables.SPECULATIVE_HEADER,
         speculative_rows=rows["speculative"],
+        cache_note=CACHE_NOTE,
+        cache_header=variant_tables.cache_header(variants),
+        cache_rows=rows["cache"],
     )
     lines = [f"# {title}", "", subtitle, ""]
     if rows["status"]:
@@ -100,6 +111,7 @@ def render(folder: Path) -> tuple[Page, str]:
         ("Configuration and memory", variant_tables.CONFIG_HEADER, "config"),
         ("Quality", variant_tables.QUALITY_HEADER, "quality"),
         ("Speculative decoding", variant_tables.SPECULATIVE_HEADER, "speculative"),
+        ("Prefix cache, routing and cost", variant_tables.cache_header(variants), "cache"),
     )
     for heading, section_header, key in sections:
         if rows[key]:

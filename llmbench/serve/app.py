@@ -3,8 +3,10 @@ endpoints, the API-key check, and serving until a signal.
 
 Endpoints: `GET /health`, `GET /metrics` (Prometheus), `GET /version`, `GET /v1/models`,
 `GET /v1/models/{id}`, `POST /v1/completions`, `POST /v1/chat/completions`, `POST /tokenize`,
-`POST /detokenize` (vLLM's shapes). Any refused request gets OpenAI's error body. With an API
-key, every endpoint but /health, /metrics and /version wants `Authorization: Bearer <key>`.
+`POST /detokenize` (vLLM's shapes), and `POST /reset_prefix_cache` (vLLM's: empties the prefix
+cache while no request runs, 409 while one does; a client starts each measurement cold with it).
+Any refused request gets OpenAI's error body. With an API key, every endpoint but /health,
+/metrics and /version wants `Authorization: Bearer <key>`.
 The model card adds two fields of llmbench's own to vLLM's: `dtype` (what the engine computes
 and stores its weights in) and `quantization` (its weight quantization, or null), so that a
 client can cost the bytes a step reads (the openai backend's estimated roofline reads them).
@@ -149,6 +151,7 @@ def build_app(engine: LLMEngine, config: ServeConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", server.chat_completions)
     app.router.add_post("/tokenize", server.tokenize)
     app.router.add_post("/detokenize", server.detokenize)
+    app.router.add_post("/reset_prefix_cache", server.reset_prefix_cache)
     return app
 
 
@@ -345,6 +348,18 @@ class _Server:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         assert self.generation is not None, "the app has not started"
         return await self.generation.chat_completions(request)
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        assert self.client is not None, "the app has not started"
+        if self.client.error is not None:
+            return _error_response(engine_stopped(self.client.error))
+        if not await self.client.reset_prefix_cache():
+            raise ApiError(
+                409,
+                "requests are running; reset the prefix cache when the server is idle",
+                error_type="conflict_error",
+            )
+        return web.json_response({"reset": True})
 
     async def health(self, request: web.Request) -> web.Response:
         if self.client is not None and self.client.error is not None:

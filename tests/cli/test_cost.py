@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llmbench.harness.cost import cost_summary
+from llmbench.harness.cost import cost_summary, self_hosted_summary
 from llmbench.harness.prices import load_prices
 from llmbench.harness.record_log import read_requests
 from tests.harness.test_run import TINY, llmbench
@@ -21,7 +21,10 @@ AGENT += ["--set", "workload.tool_latency_s=0", "--set", "workload.tool_result_t
 @pytest.fixture(scope="module")
 def priced(tmp_path_factory):
     out = tmp_path_factory.mktemp("priced") / "run"
-    result = llmbench("run", "agentic", *AGENT, "--prices", "claude-sonnet-4", "--out", str(out))
+    result = llmbench(
+        "run", *("agentic", *AGENT, "--prices", "claude-sonnet-4", "--gpu-hour-price", "2.5"),
+        "--out", str(out),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return out, result
 
@@ -42,11 +45,29 @@ def test_the_bill_is_the_records_priced(priced):
         assert "Cost" in text and "cache discount" in text
 
 
+def test_the_machine_price_prices_the_measured_throughput(priced):
+    out, result = priced
+    results = json.loads((out / "results.json").read_text())
+    summary, spec = results["summary"], results["spec"]
+    hosted = summary["self_hosted"]
+    assert spec["gpu_hour_price"] == 2.5
+    assert hosted == pytest.approx(self_hosted_summary(2.5, "USD", summary))
+    # By hand: 2.5 / 3600 per second over the tokens of a second, per million.
+    rate = summary["output_tok_per_s"]
+    assert hosted["per_million_output_tokens"] == pytest.approx(2.5 / 3600 / rate * 1e6)
+    assert hosted["run_total"] == pytest.approx(2.5 * summary["duration_s"] / 3600)
+    assert "self-hosted at 2.5 USD/hour: " in result.stdout
+    assert "the price sheet: " in result.stdout
+    for report in ("report.md", "report.html"):
+        assert "self-hosted, per million tokens" in (out / report).read_text()
+
+
 def test_no_sheet_no_money(tmp_path):
     out = tmp_path / "run"
     result = llmbench("run", "rag", *TINY, "--set", "workload.sessions=2", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert "cost" not in json.loads((out / "results.json").read_text())["summary"]
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert "cost" not in summary and "self_hosted" not in summary
     assert "cost (" not in result.stdout
 
 

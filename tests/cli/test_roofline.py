@@ -45,6 +45,24 @@ def test_roofline_what_if_without_weights(tmp_path):
     assert points[1]["decode_tok_per_s"] > 30 * one["decode_tok_per_s"]  # batching amortises
 
 
+def test_a_device_price_gives_each_row_its_least_cost_per_million_tokens():
+    args = ["--model", "synthetic:llama-3.1-8b", "--hardware", "h100", "--context", "1k"]
+    result = llmbench("roofline", *args, "--batch", "1,64", "--gpu-hour-price", "2.5", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["gpu_hour_price"] == 2.5
+    for p in data["points"]:  # 2.5 an hour over the tokens of an hour, per million
+        hour_tokens = p["decode_tok_per_s"] * 3600
+        assert p["cost_per_million_tokens_bound"] == pytest.approx(2.5 / hour_tokens * 1e6)
+    # Batch 1 at ~4.5 ms a step (~221 tok/s): about 3.1 an hour's million tokens.
+    assert 3.0 < data["points"][0]["cost_per_million_tokens_bound"] < 3.2
+    table = llmbench("roofline", *args, "--batch", "1", "--gpu-hour-price", "2.5")
+    assert "$/Mtok" in table.stdout and "$/Mtok: at 2.5 an hour" in table.stdout
+    refused = llmbench("roofline", *args, "--gpu-hour-price", "0")
+    assert refused.returncode == 2 and "--gpu-hour-price" in refused.stderr
+    assert "must be > 0" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_roofline_on_the_measured_roofs_of_this_machine():
     from llmbench.roofline import ceilings
 

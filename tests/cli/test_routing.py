@@ -78,3 +78,36 @@ def test_a_replica_that_does_not_answer_is_skipped(replicas, tmp_path):
     for r in records:  # any request the dead one got (after its pause) failed, naming it
         if r.endpoint == 0:
             assert not r.ok and dead in r.error
+
+
+def first_cached_tokens(folder) -> list[int]:
+    """Each measured request's cached prompt tokens, in the order sent."""
+    records = sorted((r for r in read_requests(folder) if not r.is_warmup), key=lambda r: r.sent_ns)
+    return [r.cached_tokens for r in records]
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_variants_on_shared_replicas_start_cold_with_reset_prefix_cache(replicas, tmp_path, reset):
+    """Two variants, one after the other, against the same two replicas, one request at a time
+    (the order is fixed): without a reset the second finds the first one's prompts cached; with
+    `backend.reset_prefix_cache` both start cold and see the same hits, request for request."""
+    out = tmp_path / "fleet"
+    result = subprocess.run(
+        [sys.executable, "-m", "llmbench", "run", "chat", *WORKLOAD, "--out", str(out),
+         "--set", "load.concurrency=1", "--set", "backend.kind=openai",
+         "--set", f"backend.urls=[{','.join(replicas)}]", "--set", "routing.policy=session_sticky",
+         "--set", f"backend.reset_prefix_cache={str(reset).lower()}",
+         "--vary", "routing.down_s=5,6"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    first, second = (first_cached_tokens(out / "variants" / v) for v in ("5", "6"))
+    assert len(first) == len(second) == 12
+    if reset:
+        assert first[0] == second[0] == 0  # the first request after the reset: nothing cached
+        assert first == second
+    else:
+        assert second[0] > 0  # the first variant left the same prompt cached
+    report = (out / "report.md").read_text()
+    assert "## Prefix cache, routing and cost" in report
+    assert "| requests per endpoint | imbalance |" in report

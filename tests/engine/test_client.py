@@ -101,3 +101,35 @@ def test_a_crash_ends_every_waiting_request_at_once(monkeypatch, where):
     assert all(isinstance(r, BackendFailure) and name in str(r) for r in results), results
     assert name in str(later)
     assert client_error is not None and client_error.__cause__ is error
+
+
+def test_reset_prefix_cache_runs_between_steps_and_refuses_while_requests_run():
+    engine = LLMEngine(EngineConfig(model="synthetic:tiny", device="cpu", max_num_seqs=8))
+    prompt = list(range(1, 41))  # 40 tokens: 2 full blocks of 16 can be cached
+
+    async def cached_tokens(client: EngineClient, request_id: str) -> int:
+        outputs = [out async for out in client.generate(prompt, params(2), request_id)]
+        return outputs[-1].num_cached_tokens
+
+    async def main():
+        client = EngineClient(engine)
+        await client.start()
+        try:
+            first = await cached_tokens(client, "a")
+            warm = await cached_tokens(client, "b")
+            stream = client.generate(prompt, params(2_000), "busy")
+            async with contextlib.aclosing(stream):
+                await anext(stream)  # running now
+                refused = await asyncio.wait_for(client.reset_prefix_cache(), NO_HANG_S)
+            while engine.has_unfinished():  # the abort is taken in by the next step
+                await asyncio.sleep(0.01)
+            reset = await asyncio.wait_for(client.reset_prefix_cache(), NO_HANG_S)
+            cold = await cached_tokens(client, "c")
+            return first, warm, refused, reset, cold
+        finally:
+            await client.close()
+
+    first, warm, refused, reset, cold = asyncio.run(main())
+    assert (first, warm) == (0, 32)  # the second request found the first one's 2 blocks
+    assert refused is False and reset is True
+    assert cold == 0  # after the reset: nothing cached

@@ -609,3 +609,18 @@ def test_free_tail_releases_the_blocks_past_what_the_tokens_need():
     assert table == kept and blocks.num_free_blocks == 4
     blocks.free_tail(table, 8)  # nothing past 2 blocks: unchanged
     assert table == kept and blocks.num_free_blocks == 4
+
+
+def test_reset_prefix_cache_forgets_every_prefix_and_frees_its_blocks():
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    table_a, _ = computed(bm, SEQ_A)  # 3 full blocks cached, one partial
+    held, _ = computed(bm, SEQ_A[: 2 * BS], bm.match_prefix(SEQ_A, 2 * BS))
+    assert not bm.reset_prefix_cache()  # blocks in use: refused, nothing changed
+    assert bm.match_prefix(SEQ_A, 56).block_ids == [0, 1, 2]
+    bm.free(held)
+    bm.free(table_a)
+    assert bm.reset_prefix_cache()
+    assert (bm.num_used_blocks, bm.num_free_blocks) == (0, 8)
+    assert bm.match_prefix(SEQ_A, 56).block_ids == []
+    again, hashes = computed(bm, SEQ_A)  # cached afresh, under new prefix ids
+    assert len(hashes) == 3 and bm.match_prefix(SEQ_A, 56).block_ids == again[:3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -192,3 +193,32 @@ def _spin(cpu_s: float) -> None:
     end = time.process_time() + cpu_s
     while time.process_time() < end:
         pass
+
+
+def test_shards_starts_are_compared_and_a_late_one_is_named():
+    """Two hosts, schedules at 100.0000 and 100.0025 s, the second 0.3 s past --start-at
+    (started late): 2.5 ms apart, one warning, and the kernels' clock bound in the line."""
+    anchor = ClockAnchor(1, 2, 3, "a", None)
+
+    def process(shard: int, host: str, start: float, offset: float) -> ClientProcess:
+        return ClientProcess(
+            shard, 10 + shard, (0,), 1.0, 0.1, 0.0, 0.1, host=host, clock_synced=True,
+            clock_max_error_s=0.004, schedule_start_unix_s=start, start_offset_s=offset,
+        )  # fmt: skip
+
+    processes = [process(0, "a", 100.0, 0.0), process(1, "b", 100.0025, 0.3)]
+    client = client_load.combine(ClientLoad(None, 2, anchor), processes, (), None, None)
+    assert client.start_spread_s == pytest.approx(0.0025)
+    assert client.warnings == (
+        "shard 1 on b began 0.30 s after the agreed --start-at: its schedule ran that much "
+        "behind the others' (give the shards more time to start)",
+    )
+    assert client_load.start_line(client) == (
+        "start: the shards' schedules began 2.5 ms apart, the latest +300.0 ms from --start-at "
+        "(by each host's wall clock; each within ±4 ms of true time, as their kernels say)"
+    )
+    unsynced = [dataclasses.replace(p, clock_synced=p.shard == 0) for p in processes]
+    one = client_load.combine(ClientLoad(None, 2, anchor), unsynced, (), None, None)
+    assert "not synchronized on b: the hosts may start seconds apart" in client_load.start_line(one)
+    alone = client_load.combine(ClientLoad(None, 1, anchor), [processes[0]], (), None, None)
+    assert alone.start_spread_s is None  # one process: nothing to line up with

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmbench.errors import UserError
-from llmbench.harness.cost import bill_request, cost_summary
+from llmbench.harness.cost import bill_request, cost_summary, self_hosted_summary
 from llmbench.harness.prices import PriceSheet, TokenPrices, load_prices, shipped_names
 from llmbench.harness.records import RequestRecord
 
@@ -107,3 +107,24 @@ def test_a_bad_sheet_is_one_line_naming_file_line_and_key(tmp_path):
         load_prices(str(path))
     with pytest.raises(UserError, match="no such price sheet file, nor a shipped example"):
         load_prices("no-such-sheet")
+
+
+def test_self_hosted_cost_by_hand():
+    """3.6 an hour is 0.001 a second: at 100 output tok/s a million output tokens take 10,000 s
+    (10.0); with 400 input tok/s, a million tokens in and out take 2,000 s (2.0); a 50 s window
+    costs 0.05; a sheet's 0.02 for 150 reply + 50 reasoning tokens is 100 per million."""
+    summary = {"output_tok_per_s": 100.0, "input_tok_per_s": 400.0, "duration_s": 50.0}
+    summary["cost"] = {"total": 0.02, "reply_tokens": 150, "reasoning_tokens": 50}
+    assert self_hosted_summary(3.6, "EUR", summary) == pytest.approx(
+        {
+            "price_per_hour": 3.6,
+            "currency": "EUR",
+            "per_million_output_tokens": 10.0,
+            "per_million_tokens": 2.0,
+            "run_total": 0.05,
+            "api_per_million_output_tokens": 100.0,
+        }
+    )
+    nothing = self_hosted_summary(3.6, "USD", {"output_tok_per_s": None, "duration_s": 0})
+    assert nothing["per_million_output_tokens"] is None and nothing["run_total"] == 0
+    assert nothing["api_per_million_output_tokens"] is None  # no sheet: no API price

@@ -399,3 +399,16 @@ def test_a_routed_run_is_summarised_per_endpoint():
     assert second["mean_in_flight"] == pytest.approx(120 / 190)
     assert summary["endpoint_imbalance"] == pytest.approx(1.2 / ((228 + 120) / 190 / 2))
     assert "endpoints" not in summarize([A, B])  # one endpoint: nothing routed
+    # Three endpoints, the third sent nothing: it is listed, and its idle load counts.
+    idle = summarize([a, failed, b], num_endpoints=3)["endpoints"]
+    assert idle[2] == {
+        "endpoint": 2,
+        "requests": 0,
+        "failed": 0,
+        "prefix_cache_hit_rate": None,
+        "ttft_ms_p50": None,
+        "tpot_ms_p50": None,
+        "mean_in_flight": 0.0,
+    }
+    three = summarize([a, failed, b], num_endpoints=3)["endpoint_imbalance"]
+    assert three == pytest.approx(1.2 / ((228 + 120) / 190 / 3))

@@ -12,6 +12,8 @@ from llmbench.compare.runs import spec_differences
 from llmbench.errors import UserError
 from llmbench.harness import results
 from llmbench.harness.results import (
+    ClientLoad,
+    ClientProcess,
     Device,
     HardwareCeilings,
     MachineLoad,
@@ -23,6 +25,7 @@ from llmbench.harness.results import (
     RunResult,
     TelemetryInfo,
 )
+from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spec import RunSpec
 
 
@@ -88,7 +91,7 @@ def test_round_trip_write_read_equal(tmp_path):
     result = a_result()
     path = results.write_results(tmp_path, result)
     assert path == tmp_path / "results.json"
-    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 5
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 6
     assert results.read_results(tmp_path) == result
     assert results.read_results(path) == result  # the file or its folder
     assert not (tmp_path / "results.json.tmp").exists()  # written atomically
@@ -114,7 +117,7 @@ def _write(tmp_path, data) -> None:
 @pytest.mark.parametrize(
     "version, found, hint",
     [
-        (6, "6", "upgrade llmbench to read it"),
+        (7, "7", "upgrade llmbench to read it"),
         (99, "99", "upgrade llmbench to read it"),
         (0, "0", "is it an llmbench results file?"),
         ("2", "'2'", "is it an llmbench results file?"),
@@ -132,7 +135,7 @@ def test_an_unknown_schema_version_is_refused_in_one_line(tmp_path, version, fou
         results.read_results(tmp_path)
     path = tmp_path / "results.json"
     assert str(error.value) == (
-        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5: {hint}"
+        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5, 6: {hint}"
     )
 
 
@@ -185,7 +188,7 @@ def test_version_2_is_migrated_as_one_repetition(tmp_path):
     assert migrated.provenance == whole.provenance and migrated.roofline == whole.roofline
     # Written back, it is a version-3 file that reads the same.
     results.write_results(tmp_path, migrated)
-    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 5
+    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 6
     assert results.read_results(tmp_path) == migrated
 
 
@@ -317,3 +320,22 @@ def test_a_bandwidth_probes_allocations_round_trip_and_a_version_4_file_reads_th
     old = results.read_results(tmp_path)
     assert old.provenance.hardware.probes["read"].allocation_best_per_s is None
     assert old.provenance.hardware.probes["read"].best_per_s == 30.2e9
+
+
+def test_a_version_5_client_process_reads_without_its_start_and_clock(tmp_path):
+    """Version 6 added a client process's host, schedule start and clock state; a version-5
+    process lacks them and reads them as not known."""
+    anchor = ClockAnchor(1, 2, 3, "vm", None)
+    process = ClientProcess(0, 11, (0,), 1.0, 0.2, 0.1, 0.3, host="vm", start_offset_s=0.002)
+    client = ClientLoad(shard=None, num_shards=1, clock=anchor, processes=(process,))
+    data = json.loads(json.dumps(results.to_dict(dataclasses.replace(a_result(), client=client))))
+    _write(tmp_path, data)
+    assert results.read_results(tmp_path).client == client
+    data["schema_version"] = 5
+    for key in ("host", "schedule_start_unix_s", "start_offset_s", "clock_synced"):
+        del data["client"]["processes"][0][key]
+    del data["client"]["processes"][0]["clock_max_error_s"]
+    del data["client"]["start_spread_s"]
+    _write(tmp_path, data)
+    (read,) = results.read_results(tmp_path).client.processes
+    assert (read.host, read.start_offset_s, read.clock_synced) == (None, None, None)

@@ -128,3 +128,22 @@ def test_make_policy_knows_every_name():
     assert [make_policy(name).name for name in POLICIES] == list(POLICIES)
     with pytest.raises(ValueError, match="unknown routing policy 'random'"):
         make_policy("random")
+
+
+def test_prefix_affinity_routes_only_by_a_match_of_min_match_of_the_prompt():
+    """Block 4 tokens. A = system (4) + its own 12; B = the same system + its own 12: B shares
+    1 block of 16 tokens, under half. With min_match 0.5 B goes to the least loaded endpoint
+    (1), not to the system prompt's (0); A's next turn (A + 8 more: 24 tokens, 4 blocks = 16
+    known, 2/3 of it) goes home to 0. With min_match 0 any match counts: B follows the system
+    prompt to 0."""
+    system = (1, 2, 3, 4)
+    a = Routed("a", system + tuple(range(100, 112)))
+    b = Routed("b", system + tuple(range(200, 212)))
+    a2 = Routed("a", a.prompt_ids + tuple(range(300, 308)))
+    assert route(PrefixAffinity(4, max_imbalance=9), [a, b, a2], Endpoints(2), end_each=True) == [
+        0,
+        1,
+        0,
+    ]
+    everything = PrefixAffinity(4, max_imbalance=9, min_match=0.0)
+    assert route(everything, [a, b], Endpoints(2), end_each=True) == [0, 0]

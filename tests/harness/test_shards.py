@@ -104,6 +104,9 @@ def test_the_shard_options_are_checked_against_the_spec(tmp_path):
     engine = load_spec(tmp_path / "w.yaml", ["backend.kind=engine"])
     with pytest.raises(UserError, match=r"^--shard 0/2: 2 processes need backend kind 'openai'"):
         shards.from_options("0/2", None, engine)
+    resetting = load_spec(path, ["backend.reset_prefix_cache=true"])
+    with pytest.raises(UserError, match=r"^--shard 0/2: not with backend.reset_prefix_cache "):
+        shards.from_options("0/2", None, resetting)
 
 
 def test_start_at_starts_the_first_repetition_at_the_wall_clock_time(capsys):

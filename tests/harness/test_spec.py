@@ -313,8 +313,22 @@ def test_the_field_reference_lists_each_kinds_fields():
         ),
         (["routing.block_tokens=0"], "routing.block_tokens: must be >= 1, got 0"),
         (["routing.max_imbalance=0"], "routing.max_imbalance: must be >= 1, got 0"),
+        (["routing.min_match=1.5"], "routing.min_match: must be between 0 and 1, got 1.5"),
         (["routing.policy=random"], "routing.policy: must be one of round_robin, least_loaded"),
         (["prices=nope"], "prices: 'nope': no such price sheet file"),
+        (
+            ["backend.kind=transformers", "backend.reset_prefix_cache=true"],
+            "backend.reset_prefix_cache: the transformers backend has no cache",
+        ),
+        (
+            [
+                "backend.kind=openai",
+                "backend.url=http://a/v1",
+                "backend.reset_prefix_cache=true",
+                "load.workers=2",
+            ],
+            "backend.reset_prefix_cache: one client process resets the caches: set load.workers 1",
+        ),
     ],
 )
 def test_failure_fraction_server_weights_endpoints_and_prices_are_checked(tmp_path, sets, message):

@@ -4,6 +4,9 @@ opens in headless Chromium without an error or an outside request."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from llmbench.harness.results import read_results, write_results
 from llmbench.reports import html_report, render, rundata, variants_page
 from tests.reports.browser import open_in_chromium
 from tests.reports.variant_folders import BUSY_SENTENCE, mark_busy, write_variants
@@ -34,7 +37,39 @@ def test_page_and_markdown_put_the_variants_side_by_side(tmp_path):
         "## Configuration and memory",
         "## Quality",
         "## Speculative decoding",
+        "## Prefix cache, routing and cost",
     ]
+    # Engine runs, not routed nor priced: the hit rate and TTFT columns only.
+    assert "| variant | prefix-cache hit rate | TTFT p50 (ms) | TTFT p99 (ms) |" in lines
+
+
+def test_routed_and_priced_variants_add_their_columns(tmp_path):
+    folder = write_variants(tmp_path)
+    slow = folder / "variants" / "slow"
+    result = read_results(slow)
+    endpoints = [{"endpoint": i, "requests": n} for i, n in enumerate((6, 2))]
+    cost = {"per_session": 0.0125, "currency": "USD", "cache_discount": 0.4}
+    hosted = {"per_million_output_tokens": 0.75, "currency": "USD"}
+    summary = {
+        **result.summary,
+        "endpoints": endpoints,
+        "endpoint_imbalance": 1.5,
+        "cost": cost,
+        "self_hosted": hosted,
+    }
+    write_results(slow, dataclasses.replace(result, summary=summary))
+    _, markdown = variants_page.render(folder)
+    lines = markdown.splitlines()
+    header = next(line for line in lines if line.startswith("| variant | prefix-cache hit rate"))
+    assert header.endswith(
+        "| requests per endpoint | imbalance | cost per session | cache discount "
+        "| self-hosted per Mtok out |"
+    )
+    table = lines[lines.index("## Prefix cache, routing and cost") :]
+    slow_row = next(line for line in table if line.startswith("| slow |"))
+    assert slow_row.endswith("| 6 / 2 | 1.50 | 0.0125 USD | 40.0% | 0.7500 USD |")
+    fast_row = next(line for line in table if line.startswith("| fast |"))
+    assert fast_row.endswith("| - | - | - | - | - |")  # neither routed nor priced
 
 
 def test_write_reports_renders_the_top_page_and_each_variants_own(tmp_path):

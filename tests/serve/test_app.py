@@ -137,10 +137,26 @@ def test_unknown_route_and_method_are_json_errors(url):
     assert status == 405 and reply["error"]["message"]
 
 
+def test_reset_prefix_cache_empties_the_cache_between_requests(url):
+    body = {"model": NAME, "prompt": "x" * 40, **GREEDY}  # 40 byte tokens: 2 blocks of 16
+
+    def cached() -> int:
+        status, reply = request("POST", url + "/v1/completions", body)
+        assert status == 200, reply
+        return reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached()
+    assert cached() == 32  # the first request's 2 full blocks
+    assert request("POST", url + "/reset_prefix_cache") == (200, {"reset": True})
+    assert cached() == 0
+
+
 # -- flags ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/v1/models", "/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize(
+    "path", ["/v1/models", "/v1/chat/completions", "/tokenize", "/reset_prefix_cache"]
+)
 def test_api_key_missing_or_wrong_is_401(url, path):
     method = "GET" if path == "/v1/models" else "POST"
     body = None if method == "GET" else {"prompt": "hi", "messages": [{"role": "user"}]}

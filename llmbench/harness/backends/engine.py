@@ -31,6 +31,11 @@ class EngineBackend:
     async def start(self) -> None:
         await self.client.start()
 
+    async def reset_prefix_cache(self) -> None:
+        """Empty the engine's prefix cache (call with no request in flight)."""
+        if not await self.client.reset_prefix_cache():
+            raise RuntimeError("the prefix cache was reset while requests were running")
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         prompt_ids = request.prompt_ids
         if prompt_ids is None:

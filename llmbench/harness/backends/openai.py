@@ -37,6 +37,10 @@ from llmbench.harness.records import GenerationRequest, StreamEvent
 
 _DRAIN_AFTER_DONE_S = 1.0  # wait this long for the end of the HTTP body after `data: [DONE]`
 _MODELS_TIMEOUT_S = 10.0  # GET /models answers at once on a live server
+_RESET_TIMEOUT_S = 30.0  # a reset waits for the server's step under way
+# Where servers empty their prefix cache (POST, at the root beside /v1): vLLM (served with
+# VLLM_SERVER_DEV_MODE=1) and llmbench serve, then SGLang.
+RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
 
 
 class BackendError(Exception):
@@ -242,6 +246,37 @@ class OpenAIBackend:
         failure = dropped or parser.failure()
         if failure is not None:
             raise BackendError(failure)
+
+    async def reset_prefix_cache(self) -> None:
+        """Empty the server's prefix cache: POST the first of `RESET_PATHS` it serves. A
+        `BackendError` saying why not (it serves neither, refused, or is busy)."""
+        if self._session is None:
+            raise RuntimeError("OpenAIBackend.start() was not called")
+        root = self.url.removesuffix("/v1")
+        timeout = aiohttp.ClientTimeout(total=_RESET_TIMEOUT_S)
+        for path in RESET_PATHS:
+            try:
+                async with self._session.post(root + path, timeout=timeout) as response:
+                    if response.status in (404, 405):
+                        continue  # not this server's path: try the next
+                    if response.status >= 400:
+                        text = await response.text(errors="replace")
+                        raise BackendError(
+                            f"POST {root}{path} gave HTTP {response.status}: {quote_body(text)}"
+                        )
+                    return
+            except asyncio.TimeoutError:
+                raise BackendError(
+                    f"no answer from POST {root}{path} in {_RESET_TIMEOUT_S:g} s"
+                ) from None
+            except aiohttp.ClientError as e:
+                raise BackendError(
+                    f"POST {root}{path}: {clip(str(e) or type(e).__name__)}"
+                ) from None
+        raise BackendError(
+            f"{root} serves neither POST {' nor '.join(RESET_PATHS)} (vLLM serves the first with "
+            "VLLM_SERVER_DEV_MODE=1, SGLang the second, llmbench serve the first)"
+        )
 
     def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         """The path and JSON body. Chat: the messages as given (assistant `tool_calls`, `tool`

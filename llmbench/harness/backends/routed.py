@@ -69,6 +69,11 @@ class RoutedBackend:
                 return served
         return None
 
+    async def reset_prefix_cache(self) -> None:
+        """Empty every endpoint's prefix cache, all at once; the first failure is raised,
+        naming its endpoint."""
+        await asyncio.gather(*(b.reset_prefix_cache() for b in self.backends))
+
     async def close(self) -> None:
         await asyncio.gather(*(b.close() for b in self.backends))
 

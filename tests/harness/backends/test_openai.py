@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from llmbench.harness.backends.openai import (
+    RESET_PATHS,
     BackendError,
     OpenAIBackend,
     ServedModel,
@@ -493,3 +494,48 @@ def test_a_server_is_known_by_its_kind_version_model_and_hardware_not_its_addres
     )
     assert server_identity(ServedModel("m"), None, None) == "server (version not said): m"
     assert server_identity(None, None, "h100") is None  # nothing said: the URL stands for it
+
+
+async def reset_against(routes: dict[str, int]) -> tuple[list[str], str | None]:
+    """`reset_prefix_cache` against a server answering each path with its status: the paths
+    it was sent to, and the error (None: it succeeded)."""
+    asked: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        status = routes[request.path]
+        return web.json_response(
+            {"error": {"message": "busy"}} if status >= 400 else {}, status=status
+        )
+
+    app = web.Application()
+    for path in routes:
+        app.router.add_post(path, answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    backend = OpenAIBackend(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", model="m")
+    await backend.start()
+    try:
+        await backend.reset_prefix_cache()
+        return asked, None
+    except BackendError as e:
+        return asked, str(e)
+    finally:
+        await backend.close()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("routes", "asked", "error"),
+    [
+        ({"/reset_prefix_cache": 200}, ["/reset_prefix_cache"], None),  # vLLM, llmbench serve
+        ({"/reset_prefix_cache": 404, "/flush_cache": 200}, RESET_PATHS, None),  # SGLang
+        ({"/reset_prefix_cache": 404, "/flush_cache": 404}, RESET_PATHS, "serves neither POST"),
+        ({"/reset_prefix_cache": 409}, ["/reset_prefix_cache"], "HTTP 409: "),
+    ],
+)
+def test_reset_prefix_cache_posts_the_first_path_the_server_serves(routes, asked, error):
+    sent, failure = asyncio.run(reset_against(routes))
+    assert sent == list(asked)
+    assert failure is None if error is None else error in failure
