@@ -81,8 +81,8 @@ def endpoint_lines(summary: Mapping[str, Any], spec: Mapping[str, Any]) -> list[
     policy = spec.get("routing", {}).get("policy", "?")
     imbalance = summary.get("endpoint_imbalance")
     lines = [
-        f"routing {policy} over {num_urls} endpoints: imbalance "
-        f"{'-' if imbalance is None else f'{imbalance:.2f}'} (max / mean requests in flight)"
+        f"routing {policy} over {num_urls} endpoints: imbalance {_rate(imbalance, '.2f')} "
+        "(max / mean requests in flight)"
     ]
     for e in endpoints:
         url = endpoint_url(spec, e["endpoint"])
@@ -90,7 +90,7 @@ def endpoint_lines(summary: Mapping[str, Any], spec: Mapping[str, Any]) -> list[
         lines.append(
             f"  {url}: {e['requests']} requests ({e['failed']} failed), "
             f"{_rate(e['mean_in_flight'], '.2f')} in flight, prefix-cache hit rate "
-            f"{'-' if hit is None else f'{hit:.2f}'}, TTFT p50 {_rate(ttft, '.1f')} ms, "
+            f"{_rate(hit, '.2f')}, TTFT p50 {_rate(ttft, '.1f')} ms, "
             f"TPOT p50 {_rate(tpot, '.1f')} ms"
         )
     return lines
@@ -106,9 +106,8 @@ def cost_lines(summary: Mapping[str, Any]) -> list[str]:
     per_session = cost["per_session"]
     return [
         f"cost ({cost['sheet']}): {cost['total']:.4f} {unit} for {cost['num_billed']} requests"
-        f" ({'-' if per_session is None else f'{per_session:.4f}'} a session); with no cache "
-        f"{cost['no_cache_total']:.4f} {unit}, a discount of "
-        f"{'-' if discount is None else f'{discount:.0%}'}"
+        f" ({_rate(per_session, '.4f')} a session); with no cache "
+        f"{cost['no_cache_total']:.4f} {unit}, a discount of {_rate(discount, '.0%')}"
     ]
 
 

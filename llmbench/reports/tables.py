@@ -251,7 +251,8 @@ def cost_rows(run: RunData) -> list[tuple[str, str]]:
     return _bill_rows(run.summary.get("cost")) + _self_hosted_rows(run.summary.get("self_hosted"))
 
 
-def _money(value: float | None, unit: str) -> str:
+def money(value: float | None, unit: str) -> str:
+    """An amount of `unit` to 4 decimals ("0.0118 USD"); "-" when there is none."""
     return "-" if value is None else f"{value:.4f} {unit}"
 
 
@@ -263,15 +264,15 @@ def _self_hosted_rows(hosted: dict | None) -> list[tuple[str, str]]:
         ("machine price", f"{hosted['price_per_hour']:g} {unit} an hour"),
         (
             "self-hosted, per million tokens",
-            f"{_money(hosted['per_million_output_tokens'], unit)} output, "
-            f"{_money(hosted['per_million_tokens'], unit)} in and out (at this run's throughput)",
+            f"{money(hosted['per_million_output_tokens'], unit)} output, "
+            f"{money(hosted['per_million_tokens'], unit)} in and out (at this run's throughput)",
         ),
-        ("self-hosted, this run's window", _money(hosted["run_total"], unit)),
+        ("self-hosted, this run's window", money(hosted["run_total"], unit)),
     ]
     api = hosted["api_per_million_output_tokens"]
     if api is not None:
         rows.append(
-            ("the price sheet, per million output tokens (input included)", _money(api, unit))
+            ("the price sheet, per million output tokens (input included)", money(api, unit))
         )
     return rows
 
@@ -280,17 +281,16 @@ def _bill_rows(cost: dict | None) -> list[tuple[str, str]]:
     if not cost:
         return []
     unit = cost["currency"]
-
-    def money(value: float | None) -> str:
-        return _money(value, unit)
-
     writes = "cache write" if cost["writes_uncached_to_cache"] else "input"
     return [
         ("price sheet", cost["sheet"]),
-        ("total", f"{money(cost['total'])} for {cost['num_billed']} completed requests"),
-        ("with no prompt cache", money(cost["no_cache_total"])),
+        ("total", f"{money(cost['total'], unit)} for {cost['num_billed']} completed requests"),
+        ("with no prompt cache", money(cost["no_cache_total"], unit)),
         ("cache discount", ratio(cost["cache_discount"])),
-        ("per request, per session", f"{money(cost['per_request'])}, {money(cost['per_session'])}"),
+        (
+            "per request, per session",
+            f"{money(cost['per_request'], unit)}, {money(cost['per_session'], unit)}",
+        ),
         (
             "tokens",
             f"{cost['uncached_tokens']:,} uncached input (priced as {writes}), "

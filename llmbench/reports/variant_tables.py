@@ -16,7 +16,7 @@ from llmbench.harness.variant_index import VariantEntry, VariantIndex
 from llmbench.harness.variants import describe
 from llmbench.reports import rundata
 from llmbench.reports.rundata import RunData
-from llmbench.reports.tables import num, percent, ratio
+from llmbench.reports.tables import money, num, percent, ratio
 
 
 @dataclass(frozen=True)
@@ -237,16 +237,12 @@ def _endpoint_loads(summary: dict[str, Any]) -> str:
 
 def _cost_per_session(summary: dict[str, Any]) -> str:
     cost = summary.get("cost")
-    if not cost or cost["per_session"] is None:
-        return "-"
-    return f"{cost['per_session']:.4f} {cost['currency']}"
+    return money(cost["per_session"], cost["currency"]) if cost else "-"
 
 
 def _self_hosted_per_mtok(summary: dict[str, Any]) -> str:
     hosted = summary.get("self_hosted")
-    if not hosted or hosted["per_million_output_tokens"] is None:
-        return "-"
-    return f"{hosted['per_million_output_tokens']:.4f} {hosted['currency']}"
+    return money(hosted["per_million_output_tokens"], hosted["currency"]) if hosted else "-"
 
 
 # The prefix-cache columns: (header, value of a variant's summary); the routing ones only when a

@@ -34,7 +34,7 @@ class EngineBackend:
     async def reset_prefix_cache(self) -> None:
         """Empty the engine's prefix cache (call with no request in flight)."""
         if not await self.client.reset_prefix_cache():
-            raise RuntimeError("the prefix cache was reset while requests were running")
+            raise RuntimeError("the engine kept its prefix cache: requests were still running")
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         prompt_ids = request.prompt_ids
