@@ -22,9 +22,11 @@ weights' real bytes, scales included, + K/V); another engine's = (its weights' b
 once a step, + the cost model's K/V bytes at its cache's precision) × tok/s. MBU = GB/s / the
 read bandwidth. "x HF" = tok/s / `transformers` tok/s in the row's precision (float32, else
 bfloat16). "agree" = leading greedy tokens equal to llmbench float32's (`transformers` and
-CTranslate2 suppress end-of-sequence where the others decode past it: an EOS parts them). Then
-the targets the engine is held to. The load average before and after is printed: on this
-2-core machine a busy neighbour halves every number, so compare rows of one sitting only.
+CTranslate2 suppress end-of-sequence where the others decode past it: an EOS parts them). Each
+peer says what its build uses of the CPU (`peer build:` llama.cpp's system info, CTranslate2's
+version and compute types) above the table; then the targets the engine is held to. The load
+average before and after is printed: on this 2-core machine a busy neighbour halves every
+number, so compare rows of one sitting only.
 """
 
 from __future__ import annotations
@@ -216,6 +218,9 @@ def main() -> None:
         "dequantised, exactly what llmbench float32 runs; F16 = those rounded to float16 "
         "(llmbench bfloat16 rounds them to bfloat16)"
     )
+    builds = {getattr(row, "build", None) for row in rows.values()} - {None}
+    for build in sorted(builds):
+        print(f"peer build: {build}")
     print("\n".join(peer_table.table_lines(results, read)))
     print("\ntargets, this sitting:")
     print("\n".join(peer_table.target_lines(results, read)))

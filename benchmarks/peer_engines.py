@@ -118,16 +118,20 @@ class _Stamps:
         pass
 
 
-# Run by the peers' interpreter: argv[1] is a JSON job. It loads the model, prints "ready", then
-# for every line on stdin decodes once and prints {"tok_per_s", "token_ids"} as one JSON line.
+# Run by the peers' interpreter: argv[1] is a JSON job. It loads the model, prints "ready" and
+# what its build uses of the CPU (llama.cpp's own system info: AVX512 = 1 | AMX_INT8 = 1 | ...;
+# CTranslate2's version and compute types), then for every line on stdin decodes once and prints
+# {"tok_per_s", "token_ids"} as one JSON line.
 PEER_CODE = r"""
 import json, sys, time
 job = json.loads(sys.argv[1])
 n = job["tokens"]
 if job["kind"] == "llama.cpp":
+    import llama_cpp
     from llama_cpp import Llama
     llm = Llama(model_path=job["model"], n_threads=job["threads"],
                 n_threads_batch=job["threads"], n_ctx=2048, verbose=False)
+    build = llama_cpp.llama_print_system_info().decode()
 
     def decode():
         stamps, ids = [], []
@@ -142,6 +146,8 @@ else:
     tokens = [vocab[i] for i in job["prompt_ids"]]
     gen = ctranslate2.Generator(job["model"], device="cpu", compute_type=job["compute_type"],
                                 intra_threads=job["threads"], inter_threads=1)
+    types = ",".join(sorted(ctranslate2.get_supported_compute_types("cpu")))
+    build = f"CTranslate2 {ctranslate2.__version__}: compute types {types}"
 
     def decode():
         stamps, ids = [], []
@@ -149,7 +155,7 @@ else:
             stamps.append(time.perf_counter_ns())
             ids.append(step.token_id)
         return stamps, ids
-print("ready", flush=True)
+print("ready " + " ".join(build.split()), flush=True)
 for _line in sys.stdin:
     stamps, ids = decode()
     rate = (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1e9)
@@ -171,8 +177,10 @@ class PeerRow:
             text=True,
         )
         self.what = f"{job['kind']} {job['model']}"
-        if self.proc.stdout.readline().strip() != "ready":
+        ready, _, build = self.proc.stdout.readline().strip().partition(" ")
+        if ready != "ready":
             raise SystemExit(f"{self.what}: the peer did not start (its error is above)")
+        self.build = build  # what the peer's build uses of this CPU, in its own words
 
     def decode(self) -> Generation:
         self.proc.stdin.write("go\n")

@@ -51,6 +51,10 @@ class Target:
 TARGETS = (
     Target("llmbench float32", None, 0.85),
     Target("llmbench bfloat16", None, 0.8),
+    Target("llmbench int8", None, 0.7),
+    Target("llmbench int4", None, 0.7),
+    Target("llmbench int8", "llmbench bfloat16", 1.7),
+    Target("llmbench int4", "llmbench bfloat16", 2.5),
     Target("llmbench bfloat16", "llama.cpp F16", 1.0),
     Target("llmbench float32", "transformers float32", 2.0),
     Target("llmbench bfloat16", "transformers bfloat16", 3.0),

@@ -28,6 +28,15 @@ def smollm2_gguf_path() -> Path:
     return model_store.pull("smollm2-135m")
 
 
+def pytest_configure(config):
+    """With xdist workers (two processes on 2 cores), OpenMP threads waiting for work sleep
+    instead of spinning (libgomp spins up to ~3 ms by default), so one worker's idle threads do
+    not take the other's cores; set before the workers start, so their libgomp reads it. The
+    suite checks numbers, not speed."""
+    if getattr(config.option, "numprocesses", None):
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def pytest_collection_modifyitems(config, items):
     """`peer` tests drive another project's server: they run only when `-m` names them (`-m
     peer`), so that neither the default run nor `-m "not slow"` needs that server. `gpu` tests

@@ -18,13 +18,17 @@ QUANTIZE_HELP = (
 
 def weights_line(engine) -> str:
     """How the engine holds its weights and what a step reads of them, for a start line:
-    `weights bfloat16, 256.6 MiB a step` or `weights int4:32, lm_head int8, 90.4 MiB a step`."""
+    `weights bfloat16, 256.6 MiB a step, 100% on huge pages` or `weights int4:32, lm_head int8,
+    90.4 MiB a step` (the share the OS backed with 2 MiB pages, where asked and known)."""
     from llmbench.harness.run_roofs import weights_label
 
     held = engine.model.weight_bytes
     streamed = held["layers"] + held["final_norm"] + held["lm_head"]
     name = weights_label(engine, str(engine.dtype).removeprefix("torch."))
-    return f"weights {name}, {streamed / 2**20:.1f} MiB a step"
+    pages = engine.weight_pages
+    share = None if pages is None else pages.huge_share
+    on_huge = "" if share is None else f", {share:.0%} on huge pages"
+    return f"weights {name}, {streamed / 2**20:.1f} MiB a step{on_huge}"
 
 
 KV_CACHE_DTYPE_HELP = (

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from llmbench.engine.engine import LLMEngine
+from llmbench.engine.omp_workers import release_omp_workers
 from llmbench.engine.records import RequestOutput
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import BackendFailure
@@ -40,6 +41,9 @@ class EngineLoop:
         self.error: BaseException | None = None  # what stopped the loop, if it crashed
 
     def start(self) -> EngineLoop:
+        """Start stepping on the loop's thread. The calling thread's OpenMP workers end first
+        (`omp_workers`): the engine's parallel regions then have the CPUs to themselves."""
+        release_omp_workers()
         self._thread.start()
         return self
 

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import math
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,38 +34,79 @@ from llmbench.engine.config import ModelConfig
 from llmbench.engine.linear import Linear, make_linear
 from llmbench.engine.moe import MoEMLP, Routing
 from llmbench.engine.paged_attention import AttentionBatch, KVCache, paged_attention
-from llmbench.engine.quant.linear import QuantLinear
+from llmbench.engine.quant.linear import VNNI_MAX_ROWS, QuantLinear, VnniLinear
 from llmbench.engine.quant.scheme import QuantScheme, lm_head_scheme
 from llmbench.kernels.cpu_layer_ops import CpuLayerOps
 
 # What a CPU model runs through the C++ extension when it is in use (matmuls: up to
 # `cpu_gemv.max_rows` rows, quantised ones through `cpu_quant_gemv` where the CPU has VNNI).
-CPU_EXTENSION_OPS = ("matmuls", "rms_norm", "rope", "paged_decode_attention", "decode_layer")
+CPU_EXTENSION_OPS = (
+    "matmuls",
+    "rms_norm",
+    "rope",
+    "silu_and_mul",
+    "paged_decode_attention",
+    "decode_layer",
+)
+
+
+# The most rows a fused decode layer takes (decodes and verification rows: 64 sequences, or
+# 12 verifying 4 drafts each); above its matmuls' own row limits they run torch's matmul
+# inside the call, as the layers do outside it (`decode_layer.cpp`'s `linear`).
+FUSED_MAX_ROWS = 64
+
+
+def _fast_rows(matmul: Linear | QuantLinear) -> int | None:
+    """Up to how many rows `matmul` runs the extension's own matmul (`gemv` on [out, in]
+    weights, VNNI `quant_gemv` on int8 / int4 codes); None: it never does."""
+    if isinstance(matmul, Linear) and matmul.fast_op is not None:
+        return matmul.max_fast_rows
+    if isinstance(matmul, VnniLinear):
+        return VNNI_MAX_ROWS
+    return None
 
 
 def _fused_rows(layer: _Layer) -> int:
-    """The most rows the fused decode layer takes for `layer`: a dense layer (no MoE, no q/k
-    norm) whose four matmuls run the extension's `gemv` on [out, in] weights; else 0."""
-    matmuls = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    """The most rows the fused decode layer takes for `layer`: FUSED_MAX_ROWS for a dense
+    layer (no MoE, no q/k norm) whose four matmuls run the extension's (`_fast_rows`); else 0."""
     if layer.moe is not None or layer.q_norm is not None:
         return 0
-    if not all(isinstance(m, Linear) and m.fast_op is not None for m in matmuls):
-        return 0
-    return min(m.max_fast_rows for m in matmuls)
+    matmuls = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    return FUSED_MAX_ROWS if all(_fast_rows(m) is not None for m in matmuls) else 0
+
+
+def _fused_weights(layer: _Layer) -> tuple[list[torch.Tensor], ...]:
+    """The layer's four matmuls as `decode_layer` takes them: [W] for a float matmul,
+    [codes, scales] for a VNNI one (int4: float16 scale_zero; int8: float32 scale)."""
+
+    def weights(matmul: Linear | VnniLinear) -> list[torch.Tensor]:
+        if isinstance(matmul, Linear):
+            return [matmul.weight]
+        scales = matmul.scale_zero if matmul.scale_zero is not None else matmul.scale
+        return [matmul.codes, scales]
+
+    return tuple(
+        weights(m) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    )
+
+
+def held_tensors(part: object) -> Iterator[torch.Tensor]:
+    """The tensors a model part holds: a tensor, or a dataclass / tuple / list of parts (a
+    layer; a matmul: its weight, or codes, scales and zero points, and bias; an MoE block)."""
+    if isinstance(part, torch.Tensor):
+        yield part
+    elif isinstance(part, (tuple, list)):
+        for p in part:
+            yield from held_tensors(p)
+    elif dataclasses.is_dataclass(part) and not isinstance(part, type):
+        for f in dataclasses.fields(part):
+            yield from held_tensors(getattr(part, f.name))
 
 
 def held_bytes(part: object) -> int:
-    """Bytes of the tensors a model part holds: a tensor, a matmul (`num_bytes`: codes,
-    scales, zero points, bias), or a dataclass / tuple of them (a layer, an MoE block)."""
-    if isinstance(part, torch.Tensor):
-        return part.numel() * part.element_size()
-    if hasattr(part, "num_bytes"):
-        return part.num_bytes
-    if isinstance(part, (tuple, list)):
-        return sum(held_bytes(p) for p in part)
-    if dataclasses.is_dataclass(part):
-        return sum(held_bytes(getattr(part, f.name)) for f in dataclasses.fields(part))
-    return 0
+    """Bytes of the tensors a model part holds (`held_tensors`; a matmul's are its
+    `num_bytes`)."""
+    return sum(t.numel() * t.element_size() for t in held_tensors(part))
 
 
 @dataclass(frozen=True)
@@ -200,8 +242,14 @@ class LlamaModel:
         else:
             self.kernels_name = "torch ops"
         # Per layer: up to how many rows `CpuLayerOps.decode_layer` runs it (0: never), while
-        # `fuse_decode_layers` (off: every layer op by op, as `llmbench profile` needs them).
+        # `fuse_decode_layers` (off: every layer op by op, as the tests compare the two); its
+        # matmuls as that call takes them, and up to how many rows they run the extension's.
         self._fused_rows = [_fused_rows(layer) if self.cpu_ops else 0 for layer in self.layers]
+        self._fused_weights = [
+            _fused_weights(layer) if rows else None
+            for layer, rows in zip(self.layers, self._fused_rows, strict=True)
+        ]
+        self._fast_rows = [_fast_rows(layer.qkv_proj) for layer in self.layers]
         self.fuse_decode_layers = True
         self.kernels_description = kernel_ops.describe(dispatch)  # for the run's provenance
         # What each MoE layer routed in the latest forward, in layer order (empty when dense).
@@ -220,6 +268,11 @@ class LlamaModel:
             "final_norm": held_bytes(self.norm),
             "lm_head": held_bytes(self.lm_head),
         }
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor of the loaded model's weights: the embedding table, every layer's
+        matrices (as stored: codes, scales, zero points), norms and biases, the lm_head."""
+        return held_tensors((self.embed_tokens, self.layers, self.norm, self.lm_head))
 
     def _linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -295,20 +348,23 @@ class LlamaModel:
             x = F.embedding(input_ids, self.embed_tokens)  # [T, h]
             for i, layer in enumerate(self.layers):
                 if fused is not None and num_tokens <= self._fused_rows[i]:
+                    qkv_w, o_w, gate_up_w, down_w = self._fused_weights[i]
                     x = cpu.decode_layer(
                         x,
                         layer.input_norm,
-                        layer.qkv_proj.weight,
+                        qkv_w,
                         layer.qkv_proj.bias,
-                        layer.o_proj.weight,
+                        o_w,
                         layer.post_attention_norm,
-                        layer.gate_up_proj.weight,
-                        layer.down_proj.weight,
+                        gate_up_w,
+                        down_w,
+                        cfg.intermediate_size,
                         cfg.rms_norm_eps,
                         positions,
                         cos_sin,
                         kv_cache.layer(i),
                         *fused,
+                        self._fast_rows[i],  # the same for the layer's four matmuls
                     )
                     continue
                 # Attention block.
@@ -340,6 +396,8 @@ class LlamaModel:
                     gate_up = layer.gate_up_proj(h)  # [T, 2*I]
                     if kern:
                         act = kern.silu_and_mul(gate_up)
+                    elif cpu:
+                        act = cpu.silu_and_mul(gate_up)
                     else:
                         act = (
                             F.silu(gate_up[:, : cfg.intermediate_size])
@@ -349,8 +407,9 @@ class LlamaModel:
         return x
 
     def _fused_decode_args(self, batch: AttentionBatch, kv_cache: KVCache) -> tuple | None:
-        """The step arguments of `CpuLayerOps.decode_layer` after the layer's own, when the
-        step is all one-token sequences over a K/V cache in the model's dtype; else None."""
+        """The step arguments of `CpuLayerOps.decode_layer` after the layer's own, when every
+        row of the step is attended one at a time (decodes, verification rows) over a K/V
+        cache in the model's dtype; else None."""
         d, cfg = batch.decodes, self.config
         if d is None or not d.is_whole_batch or kv_cache.kv is None:
             return None

@@ -17,6 +17,9 @@ from llmbench.engine import kv_quant
 from llmbench.engine.kv_dtype import KVCacheDtype
 from llmbench.engine.kv_quant import FLOAT_DTYPES
 
+# A tensor of zeros of (shape, dtype) on the cache's device.
+Zeros = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
 
 class KVCache:
     """K and V of all layers, in a pool of `num_blocks * block_size` slots per layer.
@@ -39,6 +42,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
         kv_dtype: KVCacheDtype | None = None,
+        zeros: Zeros | None = None,
     ):
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -46,15 +50,17 @@ class KVCache:
         self.kv_dtype = (kv_dtype or KVCacheDtype()).resolve(str(dtype).removeprefix("torch."))
         k, v = self.kv_dtype.k, self.kv_dtype.v
         slots = num_blocks * block_size
+        # Zeros of (shape, dtype): `zeros` (the engine's huge pages on a CPU), else torch's.
+        new = zeros or (lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device))
         self.kv: torch.Tensor | None = None
         self._sides: list[KVSide] = []
         if k == v and k in FLOAT_DTYPES:
             shape = (num_layers, slots, 2, num_kv_heads, head_dim)
-            self.kv = torch.zeros(shape, dtype=FLOAT_DTYPES[k], device=device)
+            self.kv = new(shape, FLOAT_DTYPES[k])
             self._layers: list[torch.Tensor | SplitLayer] = list(self.kv)
         else:
             self._sides = [
-                KVSide.allocate(fmt, (num_layers, slots, num_kv_heads, head_dim), device)
+                KVSide.allocate(fmt, (num_layers, slots, num_kv_heads, head_dim), new)
                 for fmt in (k, v)
             ]
             key, value = self._sides
@@ -106,14 +112,15 @@ class KVSide:
     scales: torch.Tensor | None
 
     @classmethod
-    def allocate(cls, fmt: str, shape: tuple[int, ...], device: torch.device) -> KVSide:
+    def allocate(cls, fmt: str, shape: tuple[int, ...], zeros: Zeros) -> KVSide:
+        """Zeros of `fmt` for `shape` [.., slots, nkv, d], from `zeros(shape, dtype)`."""
         if fmt in FLOAT_DTYPES:
-            return cls(fmt, torch.zeros(shape, dtype=FLOAT_DTYPES[fmt], device=device), None)
-        scales = torch.zeros(shape[:-1], dtype=torch.float16, device=device)
+            return cls(fmt, zeros(shape, FLOAT_DTYPES[fmt]), None)
+        scales = zeros(shape[:-1], torch.float16)
         if fmt == "int4":
             packed = (*shape[:-1], shape[-1] // 2)  # two codes per byte
-            return cls(fmt, torch.zeros(packed, dtype=torch.uint8, device=device), scales)
-        return cls(fmt, torch.zeros(shape, dtype=torch.int8, device=device), scales)
+            return cls(fmt, zeros(packed, torch.uint8), scales)
+        return cls(fmt, zeros(shape, torch.int8), scales)
 
     def layer(self, i: int) -> KVSide:
         return KVSide(self.fmt, self.data[i], None if self.scales is None else self.scales[i])
@@ -168,10 +175,13 @@ class SeqSlice:
 
 @dataclass(frozen=True)
 class DecodeBatch:
-    """All one-token sequences of a step, attended together over a padded context."""
+    """The step's rows attended one query row at a time, together, over padded contexts: each
+    one-token sequence's row, and every row of a short chunk after its cached context
+    (speculative verification's last token and its drafts): row j of a chunk starting at
+    position s sees positions 0 ..= s + j, its own context."""
 
     rows: torch.Tensor  # [B]: their rows in the flat batch
-    is_whole_batch: bool  # every row of the step is a decode: no row indexing needed
+    is_whole_batch: bool  # every row of the step is one of them: no row indexing needed
     slots: torch.Tensor  # [B, C]: K/V slots of each context, padded to the longest C
     bias: torch.Tensor | None  # [B, 1, 1, C]: 0 for real keys, -inf for padding; None if none
     # The same contexts as block tables, for a decode attention op that reads the paged cache
@@ -182,19 +192,10 @@ class DecodeBatch:
 
 
 # A chunk of at most this many tokens after a cached context (speculative verification: the
-# last token and its drafts) is attended with the others like it, padded, in one call a layer.
-MAX_SHORT_CHUNK_LEN = 16
-
-
-@dataclass(frozen=True)
-class ShortChunks:
-    """Sequences that run a few query rows after a cached context (speculative verification's
-    last token and drafts, a short prefill tail), attended together: queries padded to the
-    longest L (a padding query repeats its chunk's last one), contexts to the longest C."""
-
-    rows: torch.Tensor  # [B, L]: each query's row in the flat batch
-    slots: torch.Tensor  # [B, C]: K/V slots of each context
-    mask: torch.Tensor  # [B, 1, L, C] bool: query i of sequence b may see key j
+# last token and its drafts) is attended row by row with the decodes: its rows read the same
+# context as a decode does, and a step of decodes and verifications is one decode-shaped step
+# (the C++ extension's fused layer, `decode_attention`'s rows of one sequence sharing their reads).
+MAX_ROWWISE_CHUNK_LEN = 16
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,6 @@ class AttentionBatch:
     decodes: DecodeBatch | None
     max_position: int
     chunks: tuple[Chunk, ...] = ()  # what was scheduled, on the host (the Triton path's index)
-    shorts: ShortChunks | None = None
 
 
 @dataclass(frozen=True)
@@ -241,61 +241,42 @@ def build_attention_batch(
     context_lens = [c.start + c.num_tokens for c in chunks]
     blocks = padded_block_tables([c.block_table for c in chunks], device)  # [N, max_blocks]
     slots = context_slots(blocks, context_lens, block_size)
-    new_slots, prefills, decode_rows, decode_seqs = [], [], [], []
-    short_rows, short_seqs = [], []
+    new_slots, prefills, decode_rows, decode_seqs, decode_lens = [], [], [], [], []
     row = 0
     for i, chunk in enumerate(chunks):
         end = chunk.start + chunk.num_tokens
         new_slots.append(slots[i, chunk.start : end])
-        if chunk.num_tokens == 1:
-            decode_rows.append(row)
-            decode_seqs.append(i)
-        elif chunk.start > 0 and chunk.num_tokens <= MAX_SHORT_CHUNK_LEN:
-            short_rows.append(row)
-            short_seqs.append(i)
+        if chunk.num_tokens == 1 or (
+            chunk.start > 0 and chunk.num_tokens <= MAX_ROWWISE_CHUNK_LEN
+        ):  # row j of the chunk sees positions 0 ..= start + j
+            decode_rows += range(row, row + chunk.num_tokens)
+            decode_seqs += [i] * chunk.num_tokens
+            decode_lens += range(chunk.start + 1, end + 1)
         else:
             prefills.append(SeqSlice(row, chunk.num_tokens, end, slots[i, :end]))
         row += chunk.num_tokens
-    shorts = None
-    if short_seqs:
-        lens = [chunks[i].num_tokens for i in short_seqs]
-        padded = range(max(lens))
-        rows = [[r + min(j, n - 1) for j in padded] for r, n in zip(short_rows, lens, strict=True)]
-        # Query j of sequence b sits at position start_b + j and sees keys 0 ..= that position.
-        positions = [
-            [chunks[i].start + min(j, n - 1) for j in padded]
-            for i, n in zip(short_seqs, lens, strict=True)
-        ]
-        max_len = max(context_lens[i] for i in short_seqs)
-        key_pos = torch.arange(max_len, device=device)
-        mask = key_pos <= torch.tensor(positions, device=device)[:, :, None]  # [B, L, C]
-        shorts = ShortChunks(
-            rows=torch.tensor(rows, dtype=torch.long, device=device),
-            slots=slots[short_seqs, :max_len],
-            mask=mask[:, None],
-        )
     decodes = None
     if decode_seqs:
-        lens = [context_lens[i] for i in decode_seqs]
-        max_len = max(lens)
+        max_len = max(decode_lens)
         bias = None
-        if min(lens) != max_len:
-            lens_t = torch.tensor(lens, device=device)
+        if min(decode_lens) != max_len:
+            lens_t = torch.tensor(decode_lens, device=device)
             is_pad = torch.arange(max_len, device=device)[None, :] >= lens_t[:, None]  # [B, C]
             bias = torch.zeros(is_pad.shape, dtype=dtype, device=device)
             bias = bias.masked_fill_(is_pad, float("-inf"))[:, None, None, :]
-        decode_blocks = blocks[decode_seqs, : max(len(chunks[i].block_table) for i in decode_seqs)]
+        num_blocks = max(len(chunks[i].block_table) for i in set(decode_seqs))
+        decode_blocks = blocks[decode_seqs, :num_blocks]
         decodes = DecodeBatch(
             rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
-            is_whole_batch=not prefills and not short_seqs,
+            is_whole_batch=not prefills,
             slots=slots[decode_seqs, :max_len],
             bias=bias,
             block_tables=decode_blocks.to(torch.int32),
-            context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            context_lens=torch.tensor(decode_lens, dtype=torch.int32, device=device),
             block_size=block_size,
         )
     return AttentionBatch(
-        torch.cat(new_slots), prefills, decodes, max(context_lens) - 1, tuple(chunks), shorts
+        torch.cat(new_slots), prefills, decodes, max(context_lens) - 1, tuple(chunks)
     )
 
 
@@ -338,11 +319,6 @@ def paged_attention(
         )
     if d is not None:
         out[d.rows] = _decode(q[d.rows], cache, d, scale, op)
-    if batch.shorts is not None:
-        s = batch.shorts
-        keys, values = _read(cache, s.slots, q.dtype)
-        o = _short_chunk_attention(q[s.rows], keys, values, s.mask, scale)  # [B, L, nh, d]
-        out[s.rows.flatten()] = o.flatten(0, 1)  # a padding query writes its twin's output
     return out
 
 
@@ -440,34 +416,3 @@ def _decode_attention(
         qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=bias, scale=scale
     )
     return out.reshape(batch, num_heads, head_dim)
-
-
-def _short_chunk_attention(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """q: [B, L, nh, d]; keys, values: [B, C, nkv, d]; mask: [B, 1, L, C] bool → [B, L, nh, d].
-
-    `_decode_attention`'s GQA layout with L queries: the g query heads of a KV head and the L
-    positions become L·g query rows of that head, [B, nkv, L·g, d], each with its own row of
-    the causal mask. One gather and one SDPA call for every short chunk of the step, where
-    `_prefill_attention` makes one of each per sequence.
-    """
-    batch, num_queries, num_heads, head_dim = q.shape
-    num_kv_heads, context_len = keys.shape[2], keys.shape[1]
-    group = num_heads // num_kv_heads
-    qg = q.view(batch, num_queries, num_kv_heads, group, head_dim).permute(0, 2, 1, 3, 4)
-    qg = qg.reshape(batch, num_kv_heads, num_queries * group, head_dim)
-    rows_mask = mask[:, :, :, None, :].expand(batch, 1, num_queries, group, context_len)
-    out = F.scaled_dot_product_attention(
-        qg,
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        attn_mask=rows_mask.reshape(batch, 1, num_queries * group, context_len),
-        scale=scale,
-    )  # [B, nkv, L·g, d]
-    out = out.view(batch, num_kv_heads, num_queries, group, head_dim).permute(0, 2, 1, 3, 4)
-    return out.reshape(batch, num_queries, num_heads, head_dim)

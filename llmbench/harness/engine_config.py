@@ -70,6 +70,7 @@ def engine_config(
             draft_model=s.draft_model,
         ),
         moe_offload=None if offload is None else moe_offload_config(offload, device),
+        huge_pages=engine.huge_pages,
     )
 
 

@@ -83,7 +83,9 @@ def device_of(
     device = backend.engine.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     kernels = backend.engine.model.kernels_description  # the kernels layer's dispatch
-    return Device(device.type, name, torch.get_num_threads(), kernels)
+    pages = backend.engine.weight_pages
+    on_huge_pages = None if pages is None else pages.huge_share
+    return Device(device.type, name, torch.get_num_threads(), kernels, None, on_huge_pages)
 
 
 def collect(

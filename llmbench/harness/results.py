@@ -1,10 +1,10 @@
 """results.json: a run's typed, versioned result (`RunResult`), written and read here only.
 
 `write_results` writes the file atomically, `read_results` reads it back and checks its
-`schema_version`: the current version (5) is read strictly (a missing or unexpected key is an
-error naming it), versions 4, 3, 2 and 1 are migrated (`_migrate_v3`, ...: the keys a later
-version added get the values an older run had; version 5's one key has a default, null, that
-a version-4 file reads as), anything else is refused in one line that names
+`schema_version`: the current version (7) is read strictly (a missing or unexpected key is an
+error naming it), versions 6, 5 and 4 read as it (the keys they lack have defaults: null, or
+what an older run did), versions 3, 2 and 1 are migrated (`_migrate_v3`, ...: the keys a later
+version added get the values an older run had), anything else is refused in one line that names
 the file, the version found and the versions this llmbench reads. What each version holds is
 docs/results-schema.md.
 
@@ -31,8 +31,8 @@ from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spread import spread
 from llmbench.harness.yaml_source import SpecError
 
-SCHEMA_VERSION = 6
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # 1 to 3 are migrated on read; 4 and 5 read as 6
+SCHEMA_VERSION = 7
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)  # 1 to 3 are migrated on read; 4 to 6 read as 7
 RESULTS_FILE = "results.json"
 
 
@@ -45,6 +45,9 @@ class Device:
     threads: int | None = None
     kernels: str | None = None
     url: str | None = None
+    # The share of the engine's weights the OS backed with 2 MiB pages (`engine.huge_pages`);
+    # None: not a CPU engine, not asked, not known (or a file from before version 7).
+    weights_on_huge_pages: float | None = None
 
 
 @dataclass(frozen=True)
@@ -312,8 +315,8 @@ def read_results(path: Path) -> RunResult:
     elif version == 3:
         data = _migrate_v3(data)
     # 4: `Probe.allocation_best_per_s` reads as null; 4 and 5: a client process's start and
-    # clock fields read as null (not known).
-    elif version not in (4, 5, SCHEMA_VERSION):
+    # clock fields read as null (not known); 4 to 6: `Device.weights_on_huge_pages` as null.
+    elif version not in (4, 5, 6, SCHEMA_VERSION):
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)
         found = "none" if version is None else repr(version)
         newer = isinstance(version, int) and version > SCHEMA_VERSION

@@ -177,6 +177,9 @@ class EngineSpec:
     quantize: str | None = None
     # Mixture of experts: offload all but `resident` experts per layer (null: all resident).
     moe_offload: MoEOffloadSpec | None = None
+    # CPU: the weights and the K/V cache on 2 MiB pages where the OS gives them (false: torch's
+    # own allocations, 4 KiB pages on most machines).
+    huge_pages: bool = True
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,14 @@ LIBRARY_PREFIX = "llmbench_cpu_ext_"  # + "<isa>_<build hash>": the library and 
 # `*.h` here: the build hash covers a new one, and the wheel ships every file of csrc/).
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(
-    CSRC / name for name in ("gemv.cpp", "gemv_quant.cpp", "layer_ops.cpp", "decode_layer.cpp")
+    CSRC / name
+    for name in (
+        "gemv.cpp",
+        "gemv_quant.cpp",
+        "layer_ops.cpp",
+        "decode_attention.cpp",
+        "decode_layer.cpp",
+    )
 )
 HEADERS = tuple(sorted(CSRC.glob("*.h")))
 # What the first build's notice quotes when this machine has no recorded build: builds on this

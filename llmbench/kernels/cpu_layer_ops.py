@@ -1,11 +1,11 @@
 """The per-layer ops of a CPU step through the C++ extension (`csrc/layer_ops.cpp`): RMSNorm,
-RoPE in place, paged decode attention — checked, then called.
+RoPE in place, SwiGLU's silu(gate) · up, paged decode attention — checked, then called.
 
 They live in the library `cpu_extension` builds and loads (one build, one provenance line) and take
 the same arguments as the Triton kernels of the same names, so each is checked against the same
-torch reference (`rms_norm_reference`, `rope_reference_`, `paged_decode_attention_reference`)
-and costed by the same cost function. The engine calls them on CPU when the extension is in use
-(`LLMBENCH_CPU_EXTENSION` decides, as for the matmul).
+torch reference (`rms_norm_reference`, `rope_reference_`, `silu_and_mul_reference`,
+`paged_decode_attention_reference`) and costed by the same cost function. The engine calls them
+on CPU when the extension is in use (`LLMBENCH_CPU_EXTENSION` decides, as for the matmul).
 """
 
 from __future__ import annotations
@@ -70,6 +70,16 @@ def rope_(
     backend.op("rope_")(x, positions, cos_sin, head_dim)
 
 
+def silu_and_mul(backend: CpuExtension, gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2I] (rows contiguous) → silu(gate) · up [T, I] in float32, rounded once to
+    gate_up's dtype (the Triton kernel `silu_and_mul`'s sums)."""
+    op = "cpu silu_and_mul"
+    check_tensor(op, "gate_up", gate_up, "[T, 2I]", FLOAT_DTYPES, device=CPU)
+    width = gate_up.shape[1]
+    check_value(op, width % 2 == 0, f"gate_up's width must be 2·I (even), got {width}")
+    return backend.op("silu_and_mul")(gate_up)
+
+
 def paged_decode_attention(
     backend: CpuExtension,
     q: torch.Tensor,
@@ -111,9 +121,10 @@ class CpuLayerOps:
 
     rms_norm: Callable[..., torch.Tensor]
     rope_: Callable[..., None]
+    silu_and_mul: Callable[..., torch.Tensor]
     paged_decode_attention: Callable[..., torch.Tensor]
     # A whole dense layer of a decode step (`csrc/decode_layer.cpp`): the model's ops in its
-    # order, the matmuls through the library's `gemv`; see `LlamaModel.forward`.
+    # order, the matmuls through the library's `gemv` or `quant_gemv`; see `LlamaModel.forward`.
     decode_layer: Callable[..., torch.Tensor]
 
     @classmethod
@@ -121,6 +132,7 @@ class CpuLayerOps:
         return cls(
             backend.op("rms_norm"),
             backend.op("rope_"),
+            backend.op("silu_and_mul"),
             backend.op(DECODE_ATTENTION_OP),
             backend.op("decode_layer"),
         )

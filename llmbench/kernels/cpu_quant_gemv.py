@@ -4,20 +4,20 @@
     y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias) (+ residual), y in x's dtype
 
 x is quantised per call to int8 in groups of 32 along K (scale max|x| / 127), as llama.cpp
-quantises activations for its Q4/Q8 dot products, so the codes multiply with VPDPBUSD (64 byte
-products an instruction); each group's int32 sum is scaled in float32. `quant_gemv_reference`
-computes the same sums exactly in float64, so the kernel matches it to float32 rounding; what
-quantising x costs in quality is `llmbench quality`'s to measure (against the weights' own
-dequantised product, `dequantize_int4_blocks` / `dequantize_int8_blocks`).
+quantises activations for its Q4/Q8 dot products, so the codes multiply with VPDPBUSD (16 lanes
+of 4 byte products an instruction); each group's int32 sum is scaled in float32.
+`quant_gemv_reference` computes the same sums exactly in float64, so the kernel matches it to
+float32 rounding; what quantising x costs in quality is `llmbench quality`'s to measure (against
+the weights' own dequantised product, `dequantize_int4_blocks` / `dequantize_int8_blocks`).
 
-Layouts (rows in blocks of 4: one 64-byte load holds 16 codes of each of 4 rows, which meet the
-same 16 x codes):
-    int4 (group 32, zero point): codes [N/4, K/32, 4, 16] uint8, byte i of row r of group g =
-         q[r, 32g + i] | q[r, 32g + 16 + i] << 4; scale_zero [N/4, K/32, 2, 4] float16 (the 4
-         rows' scales, then their zero points); w = s·(q − 8) + z
-    int8 (per output channel): codes [N/4, K/32, 2, 4, 16] int8 (half h of group g, row r:
-         q[r, 32g + 16h + i]); scale [N_padded] float32; w = s·q
-N is padded to a multiple of 4 (rows of zeros, scale 0), K to a multiple of 32 (code columns
+Layouts (rows in blocks of 16, one per 32-bit lane; a lane's 4 bytes are 4 consecutive k, which
+meet x's 4 codes at those k, broadcast to every lane):
+    int4 (group 32, zero point): codes [N/16, K/8, 16, 4] uint8, chunk t, lane i, byte j =
+         q[16b + i, 8t + j] | q[16b + i, 8t + 4 + j] << 4; scale_zero [N/16, K/32, 2, 16]
+         float16 (the 16 rows' scales, then their zero points); w = s·(q − 8) + z
+    int8 (per output channel): codes [N/16, K/4, 16, 4] int8, chunk t, lane i, byte j =
+         q[16b + i, 4t + j]; scale [N_padded] float32; w = s·q
+N is padded to a multiple of 16 (rows of zeros, scale 0), K to a multiple of 32 (code columns
 the kernel meets with x's zero padding).
 """
 
@@ -38,8 +38,9 @@ from llmbench.kernels.cost import KernelCost, dtype_bytes
 from llmbench.kernels.cpu_extension import CpuExtension
 
 OP = "quant_gemv"
+DEQUANTIZE_OP = "quant_dequantize"  # the layouts back to W [N, K] in a float dtype
 GROUP = 32  # x's quantisation group along K, and int4's weight group
-ROW_BLOCK = 4
+ROW_BLOCK = 16  # rows of W per block: one per 32-bit lane of a VPDPBUSD
 INT4_OFFSET = 8
 
 
@@ -56,12 +57,12 @@ def pack_int4(
     codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """codes uint8 [N, K] (0..15), scale and zero [N, ceil(K/32)] (float16-representable) →
-    (codes [N/4, K/32, 4, 16] uint8, scale_zero [N/4, K/32, 2, 4] float16)."""
+    (codes [N/16, K/8, 16, 4] uint8, scale_zero [N/16, K/32, 2, 16] float16)."""
     n, k = codes.shape
     rows, cols = _padded_sizes(n, k)
     groups = cols // GROUP
-    q = _pad_to(codes, rows, cols).view(rows // ROW_BLOCK, ROW_BLOCK, groups, 2, 16)
-    packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 1, 3)  # [N/4, G, 4, 16]
+    q = _pad_to(codes, rows, cols).view(rows // ROW_BLOCK, ROW_BLOCK, cols // 8, 2, 4)
+    packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 1, 3)  # [N/16, K/8, 16, 4]
     scale_zero = torch.stack(
         [_pad_to(t.to(torch.float16), rows, groups) for t in (scale, zero)], dim=0
     )  # [2, N, G]
@@ -70,12 +71,12 @@ def pack_int4(
 
 
 def pack_int8(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """codes int8 [N, K], scale [N] → (codes [N/4, K/32, 2, 4, 16] int8, scale [N/4·4] float32)."""
+    """codes int8 [N, K], scale [N] → (codes [N/16, K/4, 16, 4] int8, scale [N/16·16] float32)."""
     n, k = codes.shape
     rows, cols = _padded_sizes(n, k)
-    q = _pad_to(codes, rows, cols).view(rows // ROW_BLOCK, ROW_BLOCK, cols // GROUP, 2, 16)
+    q = _pad_to(codes, rows, cols).view(rows // ROW_BLOCK, ROW_BLOCK, cols // 4, 4)
     scale = F.pad(scale.float(), (0, rows - n))
-    return q.permute(0, 2, 3, 1, 4).contiguous(), scale
+    return q.permute(0, 2, 1, 3).contiguous(), scale
 
 
 def unpack_int4_blocks(
@@ -83,15 +84,15 @@ def unpack_int4_blocks(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The int4 layout as rows: (codes q [N_pad, G, 32] uint8, scale s and zero z [N_pad, G]
     float16)."""
-    q = torch.stack((packed & 15, packed >> 4), dim=3)  # [N/4, G, 4, 2, 16]
-    q = q.permute(0, 2, 1, 3, 4).reshape(-1, packed.shape[1], GROUP)
+    q = torch.stack((packed & 15, packed >> 4), dim=3)  # [N/16, K/8, 16, 2, 4]
+    q = q.permute(0, 2, 1, 3, 4).reshape(-1, scale_zero.shape[1], GROUP)
     s, z = (scale_zero[:, :, i].permute(0, 2, 1).reshape(q.shape[:2]) for i in (0, 1))
     return q, s, z
 
 
 def unpack_int8_blocks(codes: torch.Tensor) -> torch.Tensor:
     """The int8 layout as rows: codes [N_pad, G, 32] int8."""
-    return codes.permute(0, 3, 1, 2, 4).reshape(-1, codes.shape[1], GROUP)
+    return codes.permute(0, 2, 1, 3).reshape(codes.shape[0] * ROW_BLOCK, -1, GROUP)
 
 
 def dequantize_int4_blocks(
@@ -164,14 +165,21 @@ def check_quant_gemv_args(
     check_value(OP, (scale_zero is None) != (scale is None), "give scale_zero (int4) or scale")
     check_tensor(OP, "x", x, "[M, K]", FLOAT_DTYPES, device=CPU)
     if scale_zero is not None:
-        check_tensor(OP, "codes", codes, "[N/4, K/32, 4, 16]", (torch.uint8,), 4, CPU)
-        check_tensor(OP, "scale_zero", scale_zero, "[N/4, K/32, 2, 4]", (torch.float16,), 4, CPU)
-        check_shape(OP, "scale_zero", scale_zero, (*codes.shape[:2], 2, 4), "[N/4, K/32, 2, 4]")
+        check_tensor(OP, "codes", codes, "[N/16, K/8, 16, 4]", (torch.uint8,), 4, CPU)
+        check_shape(OP, "codes", codes, (*codes.shape[:2], ROW_BLOCK, 4), "[N/16, K/8, 16, 4]")
+        groups = codes.shape[1] // (GROUP // 8)
+        check_value(OP, codes.shape[1] % 4 == 0, "codes must cover whole groups of 32 along K")
+        check_tensor(OP, "scale_zero", scale_zero, "[N/16, K/32, 2, 16]", (torch.float16,), 4, CPU)
+        expected = (codes.shape[0], groups, 2, ROW_BLOCK)
+        check_shape(OP, "scale_zero", scale_zero, expected, "[N/16, K/32, 2, 16]")
     else:
-        check_tensor(OP, "codes", codes, "[N/4, K/32, 2, 4, 16]", (torch.int8,), 5, CPU)
+        check_tensor(OP, "codes", codes, "[N/16, K/4, 16, 4]", (torch.int8,), 4, CPU)
+        check_shape(OP, "codes", codes, (*codes.shape[:2], ROW_BLOCK, 4), "[N/16, K/4, 16, 4]")
+        groups = codes.shape[1] // (GROUP // 4)
+        check_value(OP, codes.shape[1] % 8 == 0, "codes must cover whole groups of 32 along K")
         check_tensor(OP, "scale", scale, "[N]", (torch.float32,), 1, CPU)
-        check_shape(OP, "scale", scale, (codes.shape[0] * ROW_BLOCK,), "[N/4·4]")
-    blocks, groups = codes.shape[:2]
+        check_shape(OP, "scale", scale, (codes.shape[0] * ROW_BLOCK,), "[N/16·16]")
+    blocks = codes.shape[0]
     check_value(
         OP,
         0 < out_features <= blocks * ROW_BLOCK and x.shape[1] <= groups * GROUP,
@@ -194,6 +202,23 @@ def quant_gemv(
     check_quant_gemv_args(x, codes, scale_zero, scale, out_features, bias, residual)
     check_value(OP, backend.has_quant_gemv, f"the extension ({backend.describe()}) has no VNNI")
     return backend.op(OP)(x, codes, scale_zero, scale, out_features, bias, residual)
+
+
+def dequantize(
+    backend: CpuExtension,
+    codes: torch.Tensor,
+    scale_zero: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    out_features: int,
+    in_features: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The layout back to W [out_features, in_features] in `dtype` through the extension,
+    checked: `dequantize_int4_blocks` / `dequantize_int8_blocks` rounded once to `dtype`."""
+    x = torch.empty(1, in_features, dtype=dtype)  # stands for the rows W would multiply
+    check_quant_gemv_args(x, codes, scale_zero, scale, out_features)
+    check_value(OP, backend.has_quant_gemv, f"the extension ({backend.describe()}) has no VNNI")
+    return backend.op(DEQUANTIZE_OP)(codes, scale_zero, scale, out_features, in_features, dtype)
 
 
 def quant_gemv_cost(

@@ -502,8 +502,8 @@ def sweep_rows(points: list[RunData]) -> list[list[str]]:
 
 def speculative_rows(run: RunData) -> list[tuple[str, str]]:
     """Speculative decoding over the run (`summary.speculative`): how it drafted, the drafts
-    accepted, tokens per verify, and the time split between drafting and verifying; [] when
-    no step drafted."""
+    accepted, tokens per verify, the time split between drafting and verifying, and what a
+    verify step costs against a decode step; [] when no step drafted."""
     block = run.summary.get("speculative")
     if not block:
         return []
@@ -532,6 +532,15 @@ def speculative_rows(run: RunData) -> list[tuple[str, str]]:
             f" s; drafting {percent(block.get('draft_fraction'))} of the step time",
         ),
     ]
+    if block.get("verify_over_decode") is not None:
+        rows.append(
+            (
+                "verify step",
+                f"{ratio(block['verify_over_decode'])}x a decode step of as many sequences "
+                f"(median {num(block.get('verify_step_ms'), 1)} ms against "
+                f"{num(block.get('decode_step_ms'), 1)} ms)",
+            )
+        )
     if block.get("draft_flops") or block.get("draft_bytes"):
         rows.append(
             (

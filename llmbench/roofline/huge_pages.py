@@ -4,14 +4,14 @@ With transparent huge pages set to `madvise` (this project's VMs) torch's own al
 4 KiB pages; where they are `always`, an allocation may get 2 MiB pages or not, by luck. A read
 over 4 KiB pages needs a TLB entry per 4 KiB and ran 25-27 GB/s here, over 2 MiB pages 29-30 GB/s
 (576 MiB, Intel Xeon VM, 2 threads): a probe that sometimes gets them measures two machines. So
-the probe asks for them (an anonymous mapping with `MADV_HUGEPAGE`) and says how much of its
-buffers it got (`anon_huge_page_bytes` before and after).
+the probe asks for them (an anonymous mapping with `MADV_HUGEPAGE`, as the engine asks for its
+weights: `engine.huge_pages`) and says how much of its buffers it got (`anon_huge_page_bytes`
+before and after).
 """
 
 from __future__ import annotations
 
 import contextlib
-import mmap
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +20,17 @@ SMAPS_ROLLUP = Path("/proc/self/smaps_rollup")
 
 def new_buffer(num_bytes: int, device: Any) -> Any:
     """A float32 tensor of `num_bytes` // 4 ones on `device`, every page touched: on a CPU in
-    an anonymous mapping advised onto huge pages (4 KiB pages where the OS has none to give,
-    silently); elsewhere `torch.ones`."""
+    an anonymous mapping advised onto huge pages (`engine.huge_pages.allocate`: 4 KiB pages
+    where the OS has none to give, silently); elsewhere `torch.ones`."""
     import torch
 
     numel = num_bytes // 4
-    if torch.device(device).type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE") or not numel:
+    if torch.device(device).type != "cpu" or not numel:
         return torch.ones(numel, dtype=torch.float32, device=device)
-    memory = mmap.mmap(-1, 4 * numel, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(OSError):  # THP `never`, or a kernel without it: 4 KiB pages
-        memory.madvise(mmap.MADV_HUGEPAGE)
-    # The tensor holds a reference to `memory`: unmapped when the tensor is freed.
-    buffer = torch.frombuffer(memory, dtype=torch.float32)
-    return buffer.fill_(1.0)  # first touch: the page faults happen here, not in a timed run
+    from llmbench.engine.huge_pages import allocate  # torch: loaded with the probes only
+
+    # first touch: the page faults happen here, not in a timed run
+    return allocate(4 * numel).view(torch.float32).fill_(1.0)
 
 
 def anon_huge_page_bytes(rollup: Path = SMAPS_ROLLUP) -> int | None:

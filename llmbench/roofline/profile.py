@@ -121,8 +121,6 @@ def profile(
     )
     import torch
 
-    # Op by op: a dense decode layer fused into one C++ call has no ops to attribute.
-    engine.model.fuse_decode_layers = False
     weight_bpp, lm_head_bpp = loaded_bytes_per_param(config, engine.model.weight_bytes)
     peaks = (roofs["read_bytes_per_s"], roofs["matmul_flops_per_s"].get(spec.dtype))
     rng = random.Random(spec.seed)
@@ -251,6 +249,10 @@ def _run_point(
     return steps, unprofiled
 
 
+# The C++ extension's fused decode layer ("<namespace>::decode_layer"), which `_profiled` opens.
+FUSED_LAYER = "::decode_layer"
+
+
 def _timed_step(engine) -> int:
     t0 = time.perf_counter_ns()
     engine.step()
@@ -259,7 +261,8 @@ def _timed_step(engine) -> int:
 
 def _profiled(engine, num_steps: int, before_each: Callable[[], None]) -> list[ProfiledStep]:
     """`num_steps` engine steps under torch.profiler, each in a `STEP_SCOPE` span (what
-    `before_each` does stays out of it): each step's wall time and top-level events."""
+    `before_each` does stays out of it): each step's wall time and top-level events (a fused
+    decode layer's own ops in its place)."""
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
@@ -279,7 +282,14 @@ def _profiled(engine, num_steps: int, before_each: Callable[[], None]) -> list[P
             children[parent.id].append(event)
     steps = []
     for scope, record in zip(scopes, records, strict=True):
-        top = sorted(children[scope.id], key=lambda e: e.time_range.start)
+        # A decode layer fused into one C++ call (`decode_layer`) is its ops, in order: they
+        # go through the dispatcher, so the profiler records each inside it.
+        top = []
+        for event in sorted(children[scope.id], key=lambda e: e.time_range.start):
+            fused = event.name.endswith(FUSED_LAYER)
+            top += (
+                sorted(event.cpu_children, key=lambda e: e.time_range.start) if fused else [event]
+            )
         steps.append(
             ProfiledStep(
                 wall_us=scope.time_range.elapsed_us(),

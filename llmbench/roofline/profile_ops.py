@@ -33,7 +33,13 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear")
 # classified in the process that recorded them, which can only have loaded the library its own
 # code builds, so an older build's namespace ("llmbench_cpu_gemv_...") is never met.
 CPU_EXTENSION_PREFIX = "llmbench_cpu_ext_"
-EXTENSION_OPS = {"rms_norm": "rms_norm", "rope_": "rope", "paged_decode_attention": "attention"}
+EXTENSION_OPS = {
+    "rms_norm": "rms_norm",
+    "rope_": "rope",
+    "silu_and_mul": "silu_mul",
+    "write_kv_": "kv_write",
+    "paged_decode_attention": "attention",
+}
 TRANSPOSES = ("aten::t", "aten::transpose", "aten::permute", "aten::numpy_T")
 # An anchor → the op that the events after it (until the next anchor) belong to.
 REGION_AFTER = {

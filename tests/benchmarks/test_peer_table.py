@@ -61,6 +61,7 @@ RESULTS = [
     row("transformers float32", "float32", [10, 16, 12], 6.0),
     row("transformers bfloat16", "16-bit", [20, 21, 22], 5.0),
     row("llama.cpp F16", "16-bit", [40, 40, 40], 11.0),
+    row("llmbench int8", "8-bit", [100, 110, 105], 15.0),
 ]
 
 
@@ -89,6 +90,16 @@ def test_targets_give_value_threshold_and_verdict():
     assert by_label["llmbench float32 / transformers float32 tok/s"][:2] == ["2.67", "(>="]
     assert by_label["llmbench bfloat16 / transformers bfloat16 tok/s"][-2:] == ["NOT", "met"]
     assert by_label["llmbench int8 / CTranslate2 int8 tok/s"] == ["-", "(>=", "1)", "not", "run"]
+    # int8: 15 GB/s / 20 = 0.75 MBU, 105 / 62 = 1.69 bfloat16's speed: just short of 1.7.
+    assert by_label["llmbench int8 MBU"] == ["0.75", "(>=", "0.7)", "met"]
+    assert by_label["llmbench int8 / llmbench bfloat16 tok/s"] == [
+        "1.69",
+        "(>=",
+        "1.7)",
+        "NOT",
+        "met",
+    ]
+    assert by_label["llmbench int4 / llmbench bfloat16 tok/s"][0] == "-"
 
 
 def test_a_target_mbu_above_the_ceiling_says_so():

@@ -186,7 +186,7 @@ def test_report_refuses_an_unknown_schema_version_in_one_line(tmp_path):
         result = llmbench(command, str(tmp_path))
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip() == (
-            f"error: {path}: results schema_version 99; this llmbench reads 1, 2, 3, 4, 5, 6: "
+            f"error: {path}: results schema_version 99; this llmbench reads 1, 2, 3, 4, 5, 6, 7: "
             "upgrade llmbench to read it"
         )
 

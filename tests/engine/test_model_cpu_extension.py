@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from llmbench.engine.hf_folder import HFFolderSource
-from llmbench.engine.model import LlamaModel
+from llmbench.engine.model import FUSED_MAX_ROWS, LlamaModel
 from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batch
+from llmbench.engine.quant.linear import VnniLinear
+from llmbench.engine.quant.scheme import parse_quantize
 from llmbench.kernels import cpu_extension, cpu_gemv
 from tests.engine.helpers import VOCAB, write_tiny_checkpoint
 
@@ -25,13 +27,15 @@ NUM_DECODE_STEPS = 8
 
 
 def _logits(
-    folder, dtype: torch.dtype, prompt: list[int], fuse: bool = True
+    folder, dtype: torch.dtype, prompt: list[int], fuse: bool = True, quantize: str | None = None
 ) -> tuple[LlamaModel, list[torch.Tensor]]:
     """Prefill `prompt`, then decode greedily; the float32 logits of every step. `fuse`: decode
-    steps run each dense layer as one C++ call where the model can."""
+    steps run each dense layer as one C++ call where the model can; `quantize`: the weights'
+    scheme (None: as loaded)."""
     source = HFFolderSource(folder)
     cfg = source.config
-    model = LlamaModel(cfg, source.load(dtype, torch.device("cpu")))
+    scheme = parse_quantize(quantize) if quantize else None
+    model = LlamaModel(cfg, source.load(dtype, torch.device("cpu")), scheme)
     model.fuse_decode_layers = fuse
     cache = KVCache(
         cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, dtype, torch.device("cpu")
@@ -60,7 +64,9 @@ def test_logits_with_the_extension_match_torch(tmp_path, monkeypatch, variant, d
     fast, ours = _logits(folder, dtype, prompt.tolist())
     assert fast.cpu_ops is not None
     assert "C++ extension (" in fast.kernels_description
-    assert fast.kernels_description.endswith("rope, paged_decode_attention, decode_layer")
+    assert fast.kernels_description.endswith(
+        "rope, silu_and_mul, paged_decode_attention, decode_layer"
+    )
     is_16_bit = dtype != torch.float32
     assert fast.layers[0].qkv_proj.fast_op is not None
     description = fast.kernels_description
@@ -87,13 +93,30 @@ def test_a_fused_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, variant, dty
     folder = write_tiny_checkpoint(tmp_path, **VARIANTS[variant])
     prompt = torch.randint(0, VOCAB, (21,), generator=torch.Generator().manual_seed(2)).tolist()
     fused_model, fused = _logits(folder, dtype, prompt, fuse=True)
-    assert all(rows == cpu_gemv.max_rows(dtype) for rows in fused_model._fused_rows)
+    assert fused_model._fused_rows == [FUSED_MAX_ROWS] * 2
+    assert fused_model.layers[0].qkv_proj.max_fast_rows == cpu_gemv.max_rows(dtype)
     _, op_by_op = _logits(folder, dtype, prompt, fuse=False)
     for step, (a, b) in enumerate(zip(fused, op_by_op, strict=True)):
         assert torch.equal(a, b), f"step {step}"
 
 
-def test_a_fused_decode_step_of_several_sequences_matches_op_by_op(tmp_path):
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_a_fused_quantized_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, quantize):
+    # int8 / int4 matmuls run quant_gemv inside the fused layer, where the CPU has VNNI (both
+    # kinds of CI machine do); without it the layers stay op by op.
+    folder = write_tiny_checkpoint(tmp_path, arch="qwen2")  # with a qkv bias
+    prompt = torch.randint(0, VOCAB, (21,), generator=torch.Generator().manual_seed(4)).tolist()
+    fused_model, fused = _logits(folder, torch.bfloat16, prompt, True, quantize)
+    has_vnni = cpu_extension.default().has_quant_gemv
+    assert isinstance(fused_model.layers[0].down_proj, VnniLinear) == has_vnni
+    assert fused_model._fused_rows == [FUSED_MAX_ROWS if has_vnni else 0] * 2
+    _, op_by_op = _logits(folder, torch.bfloat16, prompt, False, quantize)
+    for step, (a, b) in enumerate(zip(fused, op_by_op, strict=True)):
+        assert torch.equal(a, b), f"step {step}"
+
+
+@pytest.mark.parametrize("num_seqs", [3, 20])  # 20 rows: above every CPU's gemv rows
+def test_a_fused_decode_step_of_several_sequences_matches_op_by_op(tmp_path, num_seqs):
     folder = write_tiny_checkpoint(tmp_path, arch="qwen2")  # with a qkv bias
     source = HFFolderSource(folder)
     cfg = source.config
@@ -103,13 +126,14 @@ def test_a_fused_decode_step_of_several_sequences_matches_op_by_op(tmp_path):
     model.cpu_ops = dataclasses.replace(
         model.cpu_ops, decode_layer=lambda *args: calls.append(1) or fused_op(*args)
     )
-    lens = [5, 19, 33]  # contexts after this step; each sequence's own blocks
-    tables = [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    # Contexts after this step (5 .. 43 tokens), each sequence in its own 3 blocks of 16.
+    lens = [5 + 2 * i for i in range(num_seqs)]
+    tables = [[3 * i, 3 * i + 1, 3 * i + 2] for i in range(num_seqs)]
     outs = []
     for fuse in (True, False):
         cache = KVCache(
             cfg.num_layers,
-            9,
+            3 * num_seqs,
             16,
             cfg.num_kv_heads,
             cfg.head_dim,
@@ -120,8 +144,34 @@ def test_a_fused_decode_step_of_several_sequences_matches_op_by_op(tmp_path):
         model.fuse_decode_layers = fuse
         chunks = [Chunk(n - 1, 1, t) for n, t in zip(lens, tables, strict=True)]
         batch = build_attention_batch(chunks, 16, torch.device("cpu"), torch.bfloat16)
-        ids, positions = torch.tensor([7, 8, 9]), torch.tensor([n - 1 for n in lens])
+        ids, positions = torch.arange(7, 7 + num_seqs), torch.tensor([n - 1 for n in lens])
         outs.append((model.forward(ids, positions, batch, cache), cache.kv.clone()))
     (hidden_fused, kv_fused), (hidden, kv) = outs
     assert len(calls) == cfg.num_layers  # the fused step ran every layer as one call
+    assert torch.equal(hidden_fused, hidden) and torch.equal(kv_fused, kv)
+
+
+def test_a_fused_verification_step_matches_op_by_op(tmp_path):
+    """Speculative verification's shape: two sequences each running their last token and 4
+    drafts (5 rows) after 20 and 33 cached tokens, one decode-shaped step of 10 rows."""
+    folder = write_tiny_checkpoint(tmp_path, arch="llama")
+    source = HFFolderSource(folder)
+    cfg = source.config
+    model = LlamaModel(cfg, source.load(torch.bfloat16, torch.device("cpu")))
+    chunks = [Chunk(20, 5, [0, 1, 2]), Chunk(33, 5, [3, 4, 5])]
+    outs = []
+    for fuse in (True, False):
+        cache = KVCache(
+            cfg.num_layers, 6, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu"
+        )
+        cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(5)))
+        model.fuse_decode_layers = fuse
+        batch = build_attention_batch(chunks, 16, torch.device("cpu"), torch.bfloat16)
+        assert batch.decodes.is_whole_batch and batch.decodes.context_lens.tolist() == [
+            *range(21, 26),
+            *range(34, 39),
+        ]
+        positions = torch.tensor([*range(20, 25), *range(33, 38)])
+        outs.append((model.forward(torch.arange(10), positions, batch, cache), cache.kv.clone()))
+    (hidden_fused, kv_fused), (hidden, kv) = outs
     assert torch.equal(hidden_fused, hidden) and torch.equal(kv_fused, kv)

@@ -18,6 +18,7 @@ from llmbench.engine.paged_attention import (
     build_attention_batch,
     paged_attention,
 )
+from llmbench.kernels import cpu_extension
 from llmbench.roofline.cost_model import kv_bytes_per_elem
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 16, 4
@@ -181,10 +182,12 @@ def test_cache_tensors_take_exactly_the_bytes_per_token_the_formats_say(k, v):
     assert is_split == (k != v or k in ("int8", "int4"))
 
 
-def test_short_chunks_after_a_cached_context_are_attended_together_exactly():
+@pytest.mark.parametrize("through", ["torch", "extension"])
+def test_short_chunks_after_a_cached_context_are_attended_row_by_row_exactly(through):
     """Speculative verification's shape: sequences running 3 and 5 query rows (their last token
     and drafts) after cached contexts of 6 and 9 tokens, beside a decode and a fresh prefill,
-    in one step; the short chunks share one padded call, every row matches plain attention."""
+    in one step; the short chunks' rows join the decode rows, each with its own context, and
+    every row matches plain attention (through torch's SDPA, or the C++ extension's op)."""
     g = torch.Generator().manual_seed(7)
     tables = {"A": [5, 2, 7, 0], "B": [1, 6, 3], "C": [4], "D": [8, 9]}
     cached = {"A": 9, "B": 6, "C": 3, "D": 0}
@@ -202,14 +205,23 @@ def test_short_chunks_after_a_cached_context_are_attended_together_exactly():
     order = ["A", "C", "B", "D"]
     chunks = [Chunk(cached[s], new[s], tables[s]) for s in order]
     batch = build_attention_batch(chunks, BLOCK_SIZE, torch.device("cpu"), torch.float32)
-    assert batch.shorts is not None and batch.shorts.rows.shape == (2, 5)  # A and B, padded
-    assert [p.query_len for p in batch.prefills] == [7] and len(batch.decodes.rows) == 1
+    assert [p.query_len for p in batch.prefills] == [7]  # D: a fresh prompt, causal
+    # A's 5 rows, C's 1, B's 3 (the flat batch's rows 0-8), each seeing its own position on.
+    assert batch.decodes.rows.tolist() == list(range(9)) and not batch.decodes.is_whole_batch
+    assert batch.decodes.context_lens.tolist() == [10, 11, 12, 13, 14, 4, 7, 8, 9]
+    assert batch.decodes.block_tables[1].tolist() == tables["A"]
+    decode_op = None
+    if through == "extension":
+        backend = cpu_extension.default()
+        assert backend.is_extension, backend.reason
+        decode_op = backend.op("paged_decode_attention")
     out = paged_attention(
         torch.cat([q[s][cached[s] :] for s in order]),
         torch.cat([kv[s][cached[s] :] for s in order]),
         cache.layer(0),
         batch,
         SCALE,
+        decode_op,
     )
     expected = torch.cat(
         [reference_attention(q[s][cached[s] :], kv[s][:, 0], kv[s][:, 1], cached[s]) for s in order]

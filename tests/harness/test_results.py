@@ -91,7 +91,7 @@ def test_round_trip_write_read_equal(tmp_path):
     result = a_result()
     path = results.write_results(tmp_path, result)
     assert path == tmp_path / "results.json"
-    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 6
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 7
     assert results.read_results(tmp_path) == result
     assert results.read_results(path) == result  # the file or its folder
     assert not (tmp_path / "results.json.tmp").exists()  # written atomically
@@ -117,7 +117,7 @@ def _write(tmp_path, data) -> None:
 @pytest.mark.parametrize(
     "version, found, hint",
     [
-        (7, "7", "upgrade llmbench to read it"),
+        (8, "8", "upgrade llmbench to read it"),
         (99, "99", "upgrade llmbench to read it"),
         (0, "0", "is it an llmbench results file?"),
         ("2", "'2'", "is it an llmbench results file?"),
@@ -135,7 +135,7 @@ def test_an_unknown_schema_version_is_refused_in_one_line(tmp_path, version, fou
         results.read_results(tmp_path)
     path = tmp_path / "results.json"
     assert str(error.value) == (
-        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5, 6: {hint}"
+        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5, 6, 7: {hint}"
     )
 
 
@@ -188,7 +188,7 @@ def test_version_2_is_migrated_as_one_repetition(tmp_path):
     assert migrated.provenance == whole.provenance and migrated.roofline == whole.roofline
     # Written back, it is a version-3 file that reads the same.
     results.write_results(tmp_path, migrated)
-    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 6
+    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 7
     assert results.read_results(tmp_path) == migrated
 
 
@@ -339,3 +339,21 @@ def test_a_version_5_client_process_reads_without_its_start_and_clock(tmp_path):
     _write(tmp_path, data)
     (read,) = results.read_results(tmp_path).client.processes
     assert (read.host, read.start_offset_s, read.clock_synced) == (None, None, None)
+
+
+def test_weights_on_huge_pages_round_trip_and_a_version_6_file_reads_them_as_not_known(tmp_path):
+    """Version 7 added the share of the engine's weights on 2 MiB pages; a version-6 device
+    lacks it and reads it as not known."""
+    result = a_result()
+    device = dataclasses.replace(result.provenance.device, weights_on_huge_pages=0.992)
+    result = dataclasses.replace(
+        result, provenance=dataclasses.replace(result.provenance, device=device)
+    )
+    results.write_results(tmp_path, result)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["provenance"]["device"]["weights_on_huge_pages"] == 0.992
+    assert results.read_results(tmp_path) == result
+    data["schema_version"] = 6
+    del data["provenance"]["device"]["weights_on_huge_pages"]
+    _write(tmp_path, data)
+    assert results.read_results(tmp_path).provenance.device.weights_on_huge_pages is None

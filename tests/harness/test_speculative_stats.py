@@ -53,3 +53,26 @@ def test_drafting_that_never_proposed_has_no_rates():
     assert s["num_proposed_tokens"] == 0
     assert s["acceptance_rate"] is None and s["mean_tokens_per_verify"] is None
     assert "- tokens per verify" in format_speculative(s)
+
+
+def test_a_verify_step_against_a_decode_step_of_as_many_sequences_by_hand():
+    ms = 1_000_000
+    points = [
+        point(200 * ms, phase="prefill", num_seqs=1),  # not decode-shaped: left out
+        # 1 sequence: decode 10, 14 (median 12); verify 18 (+ 2 drafting) → 18 / 12 = 1.5
+        point(10 * ms, phase="decode", num_seqs=1),
+        point(14 * ms, phase="decode", num_seqs=1),
+        point(20 * ms, 4, 3, 1, 2 * ms, phase="decode", num_seqs=1),
+        # 4 sequences: decode 20; verify 40, 40, 60 (median 40) → 2.0, three verifies
+        point(20 * ms, phase="decode", num_seqs=4),
+        *[point(t * ms, 16, 12, 4, 0, phase="decode", num_seqs=4) for t in (40, 40, 60)],
+        # 3 sequences verified only: no decode step to compare with, left out
+        point(30 * ms, 12, 9, 3, 0, phase="decode", num_seqs=3),
+    ]
+    s = speculative_summary(points)
+    assert s["verify_over_decode"] == pytest.approx((1 * 1.5 + 3 * 2.0) / 4)
+    assert s["verify_step_ms"] == pytest.approx(40.0)  # median of 18, 40, 40, 60
+    assert s["decode_step_ms"] == pytest.approx(14.0)  # median of 10, 14, 20
+    assert format_speculative(s).endswith("; a verify step costs 1.88x a decode step")
+    only_verifies = [p for p in points if p.get("num_verify_seqs")]
+    assert speculative_summary(only_verifies)["verify_over_decode"] is None

@@ -79,6 +79,10 @@ def test_cost_is_a_hand_count():
 
 
 def test_max_rows_per_dtype():
-    assert cpu_gemv.max_rows(torch.bfloat16) == cpu_gemv.MAX_ROWS_BF16
+    no_amx = frozenset({"avx512_bf16", "avx512f"})
+    amx = no_amx | {"amx_bf16", "amx_tile", "amx_int8"}
+    assert cpu_gemv.max_rows(torch.bfloat16, no_amx) == cpu_gemv.MAX_ROWS_BF16 == 16
+    assert cpu_gemv.max_rows(torch.bfloat16, amx) == cpu_gemv.MAX_ROWS_BF16_AMX == 7
+    assert cpu_gemv.max_rows(torch.float32, amx) == cpu_gemv.MAX_ROWS_F32
     assert cpu_gemv.max_rows(torch.float16) == cpu_gemv.MAX_ROWS_F16
     assert cpu_gemv.max_rows(torch.float32) == cpu_gemv.MAX_ROWS_F32

@@ -4,6 +4,7 @@ lengths, and their argument checks."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from llmbench.kernels.decode_attention import paged_decode_attention_reference
 from llmbench.kernels.errors import KernelArgumentError
 from llmbench.kernels.rms_norm import rms_norm_reference
 from llmbench.kernels.rope import rope_reference_
+from llmbench.kernels.silu_and_mul import silu_and_mul_reference
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -64,6 +66,34 @@ def test_rope_rotates_strided_rows_in_place_like_the_reference(backend, dtype, h
     cpu_layer_ops.rope_(backend, out[:, :width], positions, cos_sin, head_dim)
     torch.testing.assert_close(out[:, :width], expected, rtol=0, atol=0)
     assert torch.equal(out[:, width:], qkv[:, width:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, inter", [(1, 1536), (3, 40), (2, 7)])  # 16-wide, and the tails
+def test_silu_and_mul_matches_reference(backend, dtype, rows, inter):
+    # Gates from -60 to 60: e^-g must not overflow where g is very negative.
+    gate_up = _random((rows, 2 * inter), dtype, 14) * 20
+    gate_up[0, 0], gate_up[0, 1] = -60, 60
+    out = cpu_layer_ops.silu_and_mul(backend, gate_up)
+    expected = silu_and_mul_reference(gate_up)
+    assert out.dtype == dtype and out.shape == (rows, inter)
+    # The same float32 value, rounded once. e^x's range reduction loses ~|x|·6e-8 relative
+    # (3e-6 at x = -50), where silu and its error are tiny: absolute on the outputs' scale.
+    rtol = {torch.float32: 1e-6, torch.bfloat16: 2**-8, torch.float16: 2**-10}[dtype]
+    atol = rtol * expected.float().abs().max().item()
+    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
+    if dtype == torch.float32:  # silu(-60) = -60·e^-60 / (1 + e^-60): tiny, never -inf or NaN
+        up = gate_up[0, inter].item()
+        expected_00 = -60 * math.exp(-60) / (1 + math.exp(-60)) * up
+        assert out[0, 0].item() == pytest.approx(expected_00, rel=1e-5)
+
+
+def test_silu_and_mul_of_a_strided_view_and_an_odd_width(backend):
+    gate_up = _random((3, 20), torch.float32, 15)
+    out = cpu_layer_ops.silu_and_mul(backend, gate_up[::2])  # rows 0 and 2: strided rows
+    torch.testing.assert_close(out, silu_and_mul_reference(gate_up[::2]), rtol=1e-6, atol=1e-7)
+    with pytest.raises(KernelArgumentError, match="width must be 2·I"):
+        cpu_layer_ops.silu_and_mul(backend, gate_up[:, :7])
 
 
 def _paged_case(dtype, context_lens, num_heads, num_kv_heads, head_dim, block_size, seed):

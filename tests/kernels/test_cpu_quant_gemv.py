@@ -18,7 +18,8 @@ from llmbench.engine.quant.codes import (
 from llmbench.kernels import cpu_extension, cpu_quant_gemv
 from llmbench.kernels.errors import KernelArgumentError
 
-SHAPES = [(960, 576), (7, 40), (13, 100), (4, 32)]  # padded rows (7, 13), partial groups (40, 100)
+# padded rows (7, 13, 40), partial groups (40, 100), several blocks of 16 rows with a partial one
+SHAPES = [(960, 576), (7, 40), (13, 100), (4, 32), (40, 64)]
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +53,28 @@ def test_has_quant_gemv_follows_the_isa():
 def test_layouts_hold_the_pure_functions_weights(shape):
     weight = _random(shape, 1, 0.05)
     q, packed, scale_zero = _int4(weight)
-    assert packed.shape == (-(-shape[0] // 4), -(-shape[1] // 32), 4, 16)
-    assert scale_zero.shape == (*packed.shape[:2], 2, 4) and scale_zero.dtype == torch.float16
+    blocks, groups = -(-shape[0] // 16), -(-shape[1] // 32)
+    assert packed.shape == (blocks, groups * 4, 16, 4)
+    assert scale_zero.shape == (blocks, groups, 2, 16) and scale_zero.dtype == torch.float16
     unpacked = cpu_quant_gemv.dequantize_int4_blocks(packed, scale_zero, *shape)
     torch.testing.assert_close(unpacked, dequantize_int4(q), rtol=0, atol=0)
     codes, scale, packed8, scale8 = _int8(weight)
-    assert packed8.shape == (-(-shape[0] // 4), -(-shape[1] // 32), 2, 4, 16)
+    assert packed8.shape == (blocks, groups * 8, 16, 4)
     unpacked8 = cpu_quant_gemv.dequantize_int8_blocks(packed8, scale8, *shape)
     torch.testing.assert_close(unpacked8, dequantize_int8(codes, scale), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_extensions_dequantise_is_the_layouts_weights_rounded_once(backend, shape, dtype):
+    weight = _random(shape, 1, 0.05)
+    _, packed, scale_zero = _int4(weight)
+    w4 = cpu_quant_gemv.dequantize(backend, packed, scale_zero, None, *shape, dtype)
+    expected4 = cpu_quant_gemv.dequantize_int4_blocks(packed, scale_zero, *shape)
+    assert w4.dtype == dtype and torch.equal(w4, expected4.to(dtype))
+    _, _, packed8, scale8 = _int8(weight)
+    w8 = cpu_quant_gemv.dequantize(backend, packed8, None, scale8, *shape, dtype)
+    assert torch.equal(w8, cpu_quant_gemv.dequantize_int8_blocks(packed8, scale8, *shape).to(dtype))
 
 
 def test_activation_quantisation_by_hand():
@@ -75,7 +90,7 @@ def test_activation_quantisation_by_hand():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("num_rows", [1, 3, 4, 6])  # the kernel takes x 4 rows at a time
+@pytest.mark.parametrize("num_rows", [1, 3, 4, 6, 16])  # the kernel takes x 4 rows at a time
 @pytest.mark.parametrize("bits", [4, 8])
 def test_kernel_matches_its_exact_reference(backend, dtype, shape, num_rows, bits):
     weight = _random(shape, 2, 0.05)
@@ -127,13 +142,15 @@ def test_argument_errors_name_the_argument(backend):
     with pytest.raises(KernelArgumentError, match="give scale_zero"):
         cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, scale8, 8)
     with pytest.raises(KernelArgumentError, match="codes has dtype int8"):
-        cpu_quant_gemv.quant_gemv(backend, x, codes8.view(2, 2, 2, 64), scale_zero, None, 8)
+        cpu_quant_gemv.quant_gemv(backend, x, codes8, scale_zero, None, 8)
     with pytest.raises(KernelArgumentError, match="do not cover"):
-        cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, None, 9)
+        cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, None, 17)  # 16 rows padded
     with pytest.raises(KernelArgumentError, match="do not cover"):
         cpu_quant_gemv.quant_gemv(backend, _random((1, 65), 12), codes8, None, scale8, 8)
     with pytest.raises(KernelArgumentError, match="scale has dtype float16"):
         cpu_quant_gemv.quant_gemv(backend, x, codes8, None, scale8.half(), 8)
+    with pytest.raises(KernelArgumentError, match=r"codes must have shape \[N/16, K/8, 16, 4\]"):
+        cpu_quant_gemv.quant_gemv(backend, x, codes.view(1, 16, 8, 4), scale_zero, None, 8)
 
 
 def test_cost_counts_codes_scales_and_activations():

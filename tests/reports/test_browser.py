@@ -81,8 +81,41 @@ def test_detects_outside_request_with_network_off(tmp_path: Path) -> None:
 def test_hung_page_times_out_instead_of_hanging(tmp_path: Path) -> None:
     # The load event never fires, so the deadline must end the run (and the browser).
     page = write_page(tmp_path, "<script>while (true) {}</script>")
-    with pytest.raises(TimeoutError, match="did not load"):
+    with pytest.raises(TimeoutError, match=r"did not load .* \(stalled loading the page\)"):
         open_in_chromium(page, "svg", tmp_path / "shot.png", timeout_s=2)
+
+
+def test_a_stalled_start_is_tried_again_fresh(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The first start never opens its DevTools port (as a start stalled on a busy machine);
+    # the second is the real browser, and the page is measured as usual.
+    marker = tmp_path / "started-once"
+    stalling = tmp_path / "chromium-stalls-once"
+    stalling.write_text(
+        f"#!/bin/sh\nif [ ! -e {marker} ]; then touch {marker}; exec sleep 60; fi\n"
+        f'exec {browser.find_chromium()} "$@"\n'
+    )
+    stalling.chmod(0o755)
+    monkeypatch.setattr(browser, "find_chromium", lambda: str(stalling))
+    monkeypatch.setattr(browser, "START_TIMEOUTS_S", (1.0, 120.0))
+    report = open_in_chromium(
+        write_page(tmp_path, '<svg width="40" height="30"></svg>'), "svg", tmp_path / "s.png"
+    )
+    assert marker.exists()
+    assert report.element_sizes == [("svg[0]", 40.0, 30.0)]
+
+
+def test_a_start_that_always_stalls_is_a_timeout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    stalling = tmp_path / "chromium-stalls"
+    stalling.write_text("#!/bin/sh\nexec sleep 60\n")
+    stalling.chmod(0o755)
+    monkeypatch.setattr(browser, "find_chromium", lambda: str(stalling))
+    monkeypatch.setattr(browser, "START_TIMEOUTS_S", (0.5, 1.0))
+    with pytest.raises(TimeoutError, match=r"DevTools port in 0.5 s, 1 s \(2 starts\)"):
+        open_in_chromium(write_page(tmp_path, ""), "svg", tmp_path / "s.png")
 
 
 def test_missing_chromium_says_how_to_install(

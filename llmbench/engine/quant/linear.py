@@ -64,7 +64,13 @@ CPU_COMPUTE_DTYPE = torch.bfloat16
 # Up to this many rows the int8 kernel beats dequantise + oneDNN (table above: 14.4 vs 20.6 ms
 # at 16 rows, even at 32).
 INT8_KERNEL_MAX_ROWS = 16
-# Up to this many rows the extension's VNNI matmul runs; above, W is dequantised per call.
+# Up to this many rows the extension's VNNI matmul runs (x quantised to int8 per group of 32);
+# above (prefill), W is dequantised per call by the extension (`quant_dequantize`) and
+# multiplied by torch in x's dtype (oneDNN), weight-only: a prompt's activations keep their
+# precision. (Measured on the Intel Xeon with AMX, 2 threads, 40 of SmolLM2's layer matrices,
+# int8: the VNNI matmul 3.7 ms at 16 rows, 6.9 at 32; bfloat16 oneDNN 4.7 and 7.0, plus
+# dequantising, ~4 ms: a speed-only limit would sit near 64 rows. With the VNNI matmul up to
+# 64 rows, int8 greedy decoding of SmolLM2 left float32's 5 tokens earlier on one prompt.)
 VNNI_MAX_ROWS = 16
 # `_convert_weight_to_int4pack_for_cpu` wants a multiple of 16 output rows.
 INT4_ROW_MULTIPLE = 16
@@ -183,7 +189,8 @@ class VnniLinear:
     """int8 (per output channel) or int4 (group 32) in the C++ extension's layouts
     (`kernels.cpu_quant_gemv`: `scale_zero` for int4, `scale` for int8), for AVX-512 VNNI CPUs.
     Up to `VNNI_MAX_ROWS` rows through the extension's matmul (x quantised per 32 to int8 on
-    the way in, as llama.cpp does); above (prefill), W dequantised to x's dtype per call."""
+    the way in, as llama.cpp does); above (prefill), W dequantised to x's dtype per call by the
+    extension, then torch's matmul."""
 
     codes: torch.Tensor
     scale_zero: torch.Tensor | None
@@ -191,6 +198,7 @@ class VnniLinear:
     in_features: int
     out_features: int
     op: Callable[..., torch.Tensor]
+    dequantize_op: Callable[..., torch.Tensor]  # the extension's `quant_dequantize`
     bias: torch.Tensor | None = None
 
     @property
@@ -208,7 +216,8 @@ class VnniLinear:
         if x.shape[0] <= VNNI_MAX_ROWS:
             args = (self.codes, self.scale_zero, self.scale, self.out_features, self.bias)
             return self.op(x, *args, residual)
-        y = torch.mm(x, self.dequantize().to(x.dtype).t())  # [T, out]
+        layout = (self.codes, self.scale_zero, self.scale, self.out_features, self.in_features)
+        y = torch.mm(x, self.dequantize_op(*layout, x.dtype).t())  # [T, out]
         return _finish(y, x.dtype, self.bias, residual)
 
 
@@ -227,7 +236,8 @@ def quantize_linear(
     is_cpu = weight.device.type == "cpu"
     has_vnni = is_cpu and cpu_extension is not None and cpu_extension.has_quant_gemv
     if has_vnni and (scheme.bits == 8 or scheme.group_size == cpu_quant_gemv.GROUP):
-        return vnni_layer(weight, bias, scheme, cpu_extension.op(cpu_quant_gemv.OP))
+        ops = (cpu_extension.op(cpu_quant_gemv.OP), cpu_extension.op(cpu_quant_gemv.DEQUANTIZE_OP))
+        return vnni_layer(weight, bias, scheme, *ops)
     if scheme.bits == 8:
         return int8_layer(weight, bias, CPU_COMPUTE_DTYPE if is_cpu else weight.dtype)
     if is_cpu:
@@ -240,6 +250,7 @@ def vnni_layer(
     bias: torch.Tensor | None,
     scheme: QuantScheme,
     op: Callable[..., torch.Tensor],
+    dequantize_op: Callable[..., torch.Tensor],
 ) -> VnniLinear:
     """The layer in the extension's layouts: int8 scales float32, int4 scales and zero points
     float16 (the codes rounded against the stored values, as `quantize_int4` does)."""
@@ -247,10 +258,10 @@ def vnni_layer(
     if scheme.bits == 8:
         codes, scale = quantize_int8(weight, torch.float32)
         packed, scale = cpu_quant_gemv.pack_int8(codes, scale)
-        return VnniLinear(packed, None, scale, num_in, num_out, op, bias)
+        return VnniLinear(packed, None, scale, num_in, num_out, op, dequantize_op, bias)
     q = quantize_int4(weight, scheme.group_size, scheme.has_zero, torch.float16)
     packed, scale_zero = cpu_quant_gemv.pack_int4(q.codes, q.scale, q.zero)
-    return VnniLinear(packed, scale_zero, None, num_in, num_out, op, bias)
+    return VnniLinear(packed, scale_zero, None, num_in, num_out, op, dequantize_op, bias)
 
 
 def int8_layer(

@@ -102,8 +102,11 @@ class TransformersBackend:
                 loop.call_soon_threadsafe(queue.put_nowait, e)
 
         detokenizer = self._detokenizer_type(self.tokenizer)
+        from llmbench.engine.omp_workers import release_omp_workers
+
         async with self._lock:
             worker = threading.Thread(target=run, daemon=True)
+            release_omp_workers()  # this thread's OpenMP workers would slow the worker's 2x
             worker.start()
             num_tokens = 0
             while (item := await queue.get()) is not None:

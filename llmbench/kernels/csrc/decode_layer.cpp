@@ -3,11 +3,16 @@
 //
 //   h = rms_norm(x) · qkv = h @ Wqkv^T (+ b) · RoPE on q, k · K/V written to their slots ·
 //   paged decode attention · x += attn @ Wo^T · h = rms_norm(x) · gu = h @ Wgu^T ·
-//   x += (silu(g) · u) @ Wdown^T
+//   x += silu_and_mul(gu) @ Wdown^T
 //
-// For a step of one-token sequences whose layer runs the library's own matmul (`gemv`, up to
-// its row limit) over a K/V cache in the model's dtype. A small model's decode step has ~15
-// ops a layer at a few microseconds of Python and dispatch each: as much as its matmuls.
+// For a decode-shaped step (one query row at a time: decodes, and speculative verification's
+// rows) over a K/V cache in the model's dtype, its matmuls as the engine's layers run them
+// (`linear` below: the library's own up to their row limits, torch's matmul above). A small
+// model's decode step has ~15 ops a layer at a few microseconds of Python and dispatch each:
+// as much as its matmuls (with int4 weights, twice as much).
+//
+// Each matmul's weight is a list: [W] (float, [N, K]) or [codes, scales] in quant_gemv's
+// layouts (int4: uint8 codes and float16 scale_zero; int8: int8 codes and float32 scale).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -35,6 +40,55 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const OptTensor& bias,
   return f.call(x, w, bias, residual);
 }
 
+at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes, const OptTensor& scale_zero,
+                      const OptTensor& scale, int64_t out_features, const OptTensor& bias,
+                      const OptTensor& residual) {
+  static auto f = op("quant_gemv")
+                      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                        const OptTensor&, int64_t, const OptTensor&,
+                                        const OptTensor&)>();
+  return f.call(x, codes, scale_zero, scale, out_features, bias, residual);
+}
+
+at::Tensor quant_dequantize(const at::Tensor& codes, const OptTensor& scale_zero,
+                            const OptTensor& scale, int64_t out_features, int64_t in_features,
+                            at::ScalarType dtype) {
+  static auto f = op("quant_dequantize")
+                      .typed<at::Tensor(const at::Tensor&, const OptTensor&, const OptTensor&,
+                                        int64_t, int64_t, at::ScalarType)>();
+  return f.call(codes, scale_zero, scale, out_features, in_features, dtype);
+}
+
+// x @ W^T (+ bias) (+ residual) → [M, out_features] for a weight list (above), as the engine's
+// layers compute it outside this call: up to `fast_max_rows` rows through the library's
+// `gemv` (float W) or `quant_gemv` (codes); above, torch's matmul (oneDNN: on a CPU with AMX,
+// its tiles), exactly as `engine.linear.Linear` calls it, or on the codes dequantised by the
+// library, exactly as `quant.linear.VnniLinear` does.
+at::Tensor linear(const at::Tensor& x, at::TensorList w, int64_t out_features,
+                  const OptTensor& bias, const OptTensor& residual, int64_t fast_max_rows) {
+  TORCH_CHECK(w.size() == 1 || w.size() == 2,
+              "decode_layer: a weight is [W] or [codes, scales], got ", w.size(), " tensors");
+  const bool is_fast = x.size(0) <= fast_max_rows;
+  if (w.size() == 1) {
+    if (is_fast) return gemv(x, w[0], bias, residual);
+    at::Tensor add;
+    if (residual && bias) add = *residual + *bias;
+    else if (residual) add = *residual;
+    else if (bias) add = *bias;
+    return add.defined() ? at::addmm(add, x, w[0].t()) : at::mm(x, w[0].t());
+  }
+  const bool is_int4 = w[0].scalar_type() == at::kByte;
+  const OptTensor scale_zero = is_int4 ? OptTensor(w[1]) : c10::nullopt;
+  const OptTensor scale = is_int4 ? c10::nullopt : OptTensor(w[1]);
+  if (is_fast) return quant_gemv(x, w[0], scale_zero, scale, out_features, bias, residual);
+  at::Tensor weight =
+      quant_dequantize(w[0], scale_zero, scale, out_features, x.size(1), x.scalar_type());
+  at::Tensor y = at::mm(x, weight.t());
+  if (bias) y.add_(*bias);
+  if (residual) y.add_(*residual);
+  return y;
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   static auto f = op("rms_norm").typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
   return f.call(x, w, eps);
@@ -44,6 +98,17 @@ void rope(at::Tensor x, const at::Tensor& positions, const at::Tensor& cos_sin, 
   static auto f = op("rope_").typed<void(at::Tensor, const at::Tensor&, const at::Tensor&,
                                          int64_t)>();
   f.call(x, positions, cos_sin, d);
+}
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  static auto f = op("silu_and_mul").typed<at::Tensor(const at::Tensor&)>();
+  return f.call(gate_up);
+}
+
+void write_kv(at::Tensor kv, const at::Tensor& fresh, const at::Tensor& slot_mapping) {
+  static auto f =
+      op("write_kv_").typed<void(at::Tensor, const at::Tensor&, const at::Tensor&)>();
+  f.call(kv, fresh, slot_mapping);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -57,45 +122,48 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
-                        const at::Tensor& qkv_weight, const OptTensor& qkv_bias,
-                        const at::Tensor& o_weight, const at::Tensor& post_norm,
-                        const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
-                        double eps, const at::Tensor& positions, const at::Tensor& cos_sin,
-                        at::Tensor kv, const at::Tensor& slot_mapping,
+                        at::TensorList qkv_weight, const OptTensor& qkv_bias,
+                        at::TensorList o_weight, const at::Tensor& post_norm,
+                        at::TensorList gate_up_weight, at::TensorList down_weight,
+                        int64_t intermediate_size, double eps, const at::Tensor& positions,
+                        const at::Tensor& cos_sin, at::Tensor kv, const at::Tensor& slot_mapping,
                         const at::Tensor& block_tables, const at::Tensor& context_lens,
                         int64_t block_size, double scale, int64_t max_context_len,
-                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
-  const int64_t rows = x.size(0), q_size = num_heads * head_dim;
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                        int64_t fast_max_rows) {
+  const int64_t rows = x.size(0), hidden = x.size(1), q_size = num_heads * head_dim;
   const int64_t qk_size = q_size + num_kv_heads * head_dim;
+  const int64_t qkv_size = qk_size + num_kv_heads * head_dim;
   TORCH_CHECK(kv.dim() == 4 && kv.size(1) == 2 && kv.size(2) == num_kv_heads &&
-                  kv.size(3) == head_dim && kv.scalar_type() == x.scalar_type(),
-              "decode_layer: kv must be the layer's [S, 2, nkv, d] cache in x's dtype");
+                  kv.size(3) == head_dim && kv.scalar_type() == x.scalar_type() &&
+                  kv.is_contiguous(),
+              "decode_layer: kv must be the layer's contiguous [S, 2, nkv, d] cache in x's dtype");
   at::Tensor h = rms_norm(x, input_norm, eps);
-  at::Tensor qkv = gemv(h, qkv_weight, qkv_bias, c10::nullopt);  // [B, (nh + 2 nkv) d]
+  const int64_t most = fast_max_rows;
+  at::Tensor qkv = linear(h, qkv_weight, qkv_size, qkv_bias, c10::nullopt, most);  // [B, qkv]
   rope(qkv.narrow(1, 0, qk_size), positions, cos_sin, head_dim);
   at::Tensor q = qkv.narrow(1, 0, q_size).view({rows, num_heads, head_dim});
-  at::Tensor fresh = qkv.narrow(1, q_size, qkv.size(1) - q_size).view({rows, 2, num_kv_heads,
-                                                                       head_dim});
-  kv.index_copy_(0, slot_mapping, fresh);
+  write_kv(kv, qkv.narrow(1, q_size, qkv_size - q_size), slot_mapping);
   at::Tensor attn = attention(q, kv.select(1, 0), kv.select(1, 1), block_tables, context_lens,
                               block_size, scale, max_context_len);
-  at::Tensor out = gemv(attn.view({rows, q_size}), o_weight, c10::nullopt, x);
+  at::Tensor out = linear(attn.view({rows, q_size}), o_weight, hidden, c10::nullopt, x, most);
   h = rms_norm(out, post_norm, eps);
-  at::Tensor gate_up = gemv(h, gate_up_weight, c10::nullopt, c10::nullopt);  // [B, 2 I]
-  const int64_t inter = gate_up.size(1) / 2;
-  at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
-  return gemv(act, down_weight, c10::nullopt, out);
+  const int64_t inter = intermediate_size;
+  at::Tensor gate_up = linear(h, gate_up_weight, 2 * inter, c10::nullopt, c10::nullopt, most);
+  return linear(silu_and_mul(gate_up), down_weight, hidden, c10::nullopt, out, most);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
   m.def(
-      "decode_layer(Tensor x, Tensor input_norm, Tensor qkv_weight, Tensor? qkv_bias, "
-      "Tensor o_weight, Tensor post_norm, Tensor gate_up_weight, Tensor down_weight, "
-      "float eps, Tensor positions, Tensor cos_sin, Tensor(a!) kv, Tensor slot_mapping, "
+      "decode_layer(Tensor x, Tensor input_norm, Tensor[] qkv_weight, Tensor? qkv_bias, "
+      "Tensor[] o_weight, Tensor post_norm, Tensor[] gate_up_weight, Tensor[] down_weight, "
+      "int intermediate_size, float eps, Tensor positions, Tensor cos_sin, Tensor(a!) kv, "
+      "Tensor slot_mapping, "
       "Tensor block_tables, Tensor context_lens, int block_size, float scale, "
-      "int max_context_len, int num_heads, int num_kv_heads, int head_dim) -> Tensor");
+      "int max_context_len, int num_heads, int num_kv_heads, int head_dim, int fast_max_rows) "
+      "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) { m.impl("decode_layer", &decode_layer); }

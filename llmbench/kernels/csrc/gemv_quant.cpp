@@ -2,23 +2,29 @@
 //     y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias[N]) (+ residual[M, N]),  y in x's dtype.
 //
 // x is quantised per call, per group of 32 along K, to int8 with a float32 scale (sx = max|x| /
-// 127), as llama.cpp quantises activations for its Q4/Q8 dot products; W's codes then multiply
-// x's with VPDPBUSD (64 byte products per instruction, summed in int32), and each group's sum
-// is scaled in float32:
-//     int4 (group 32, zero point): w = s·(q − 8) + z, q in 0..15
+// 127), as llama.cpp quantises activations for its Q4/Q8 dot products. W's codes then multiply
+// x's with VPDPBUSD, which sums 4 byte products into each of 16 int32 lanes: the weights are
+// laid out so that lane i is row i of a block of 16 rows and its 4 bytes are 4 consecutive k,
+// and x's 4 codes at those k are broadcast to every lane. A lane accumulates its own row: no
+// horizontal sums, and each 64-byte load of W is one instruction's worth. Each group's int32
+// sums are scaled in float32:
+//     int4 (group 32, zero point): w = s·(q − 8) + z, q in 0..15 (an unsigned operand as is)
 //         Σ_k w·x = Σ_g [ s_g·sx_g·Σ q·xq + (z_g − 8·s_g)·Σ_g x ]        (Σ_g x: float32 sums)
-//     int8 (per output channel):   w = s·q, q in −127..127
-//         Σ_k w·x = s·Σ_g sx_g·Σ q·xq
-// VPDPBUSD multiplies unsigned by signed bytes: int4 codes are unsigned already; for int8 the
-// signs move to the weights (|xq| · ±q, flipped where xq < 0).
+//     int8 (per output channel):   w = s·q, q in −127..127, read as u = q + 128 (q XOR 0x80)
+//         Σ_k w·x = s·Σ_g sx_g·(Σ u·xq − 128·Σ_g xq)                      (Σ_g xq: int32, exact)
 //
-// Layouts (`kernels.cpu_quant_gemv` builds them at load), rows in blocks of 4 so that one
-// 64-byte load holds 16 codes of 4 rows and the x bytes they meet are one group's, repeated:
-//     int4  codes [N/4, K/32, 4, 16] uint8: byte i of row r = q[r, 32g + i] | q[r, 32g + 16 + i] << 4
-//           scale_zero [N/4, K/32, 2, 4] float16: the 4 rows' scales, then their zero points
-//     int8  codes [N/4, K/32, 2, 4, 16] int8: half h of group g, row r: q[r, 32g + 16h + i]
-//           scale [N] float32
-// N is padded to a multiple of 4 and K to a multiple of 32 at load (zero rows, zero columns).
+// Layouts (`kernels.cpu_quant_gemv` builds them at load), rows in blocks of 16:
+//     int4  codes [N/16, K/8, 16, 4] uint8: chunk t, lane i, byte j =
+//                 q[16b + i, 8t + j] | q[16b + i, 8t + 4 + j] << 4
+//           scale_zero [N/16, K/32, 2, 16] float16: the 16 rows' scales, then their zero points
+//     int8  codes [N/16, K/4, 16, 4] int8: chunk t, lane i, byte j = q[16b + i, 4t + j]
+//           scale [N_padded] float32
+// N is padded to a multiple of 16 and K to a multiple of 32 at load (zero rows, zero columns).
+//
+// Why this layout (measured on a 2-core Intel Xeon, AMX/VNNI, one thread, weights on huge
+// pages): the earlier one (blocks of 4 rows, 16 lanes = 4 rows × 4 partial sums) spent as long
+// on each block's horizontal sums as on its K = 576 products and streamed 12-15 GB/s where
+// bfloat16 streams 16-17.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -39,31 +45,30 @@
 namespace {
 
 using llmbench_simd::dispatch_float;
-using llmbench_simd::from_f;
 using llmbench_simd::to_f;
 
 constexpr int64_t kGroup = 32;     // x's quantisation group, and int4's weight group
-constexpr int64_t kRowBlock = 4;   // rows of W per 64-byte load
-constexpr int64_t kMaxRows = 4;    // rows of x per pass over a block of W
+constexpr int64_t kRowBlock = 16;  // rows of W per block: one per 32-bit lane
+constexpr int64_t kMaxRows = 4;    // rows of x per pass over a block of W (still in L1 after)
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr bool kHasVnni = true;
 
-// One row of x quantised for the kernels: per group g, its scale sx[g], its float32 sum
-// xsum[g], and for each half h the 16 int8 codes repeated 4 times (one copy per row of a
-// block) as `rep[g][h]`: xq for int4, |xq| with the sign mask `neg[g][h]` for int8.
+// One row of x quantised for the kernels: per group g its scale sx[g], its float32 sum
+// xsum[g] (int4's zero-point term) and its codes' int32 sum qsum[g] (int8's offset term);
+// codes[k], int8, K padded with zeros to whole groups.
 struct QuantizedRow {
   std::vector<float> sx, xsum;
-  std::vector<int8_t> rep;      // [G, 2, 64]
-  std::vector<uint64_t> neg;    // [G, 2]: bit j set where rep's byte j came from an xq < 0
+  std::vector<int32_t> qsum;
+  std::vector<int8_t> codes;
 };
 
 template <typename T>
-void quantize_row(const T* x, int64_t K, int64_t groups, bool is_abs, QuantizedRow& out) {
+void quantize_row(const T* x, int64_t K, int64_t groups, QuantizedRow& out) {
   out.sx.assign(groups, 0.0f);
   out.xsum.assign(groups, 0.0f);
-  out.rep.assign(groups * 2 * 64, 0);
-  out.neg.assign(groups * 2, 0);
+  out.qsum.assign(groups, 0);
+  out.codes.assign(groups * kGroup, 0);
   float xf[kGroup];
   for (int64_t g = 0; g < groups; ++g) {
     float amax = 0.0f, sum = 0.0f;
@@ -73,94 +78,78 @@ void quantize_row(const T* x, int64_t K, int64_t groups, bool is_abs, QuantizedR
       amax = std::max(amax, std::fabs(xf[i]));
       sum += xf[i];
     }
-    const float sx = amax / 127.0f;
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    out.sx[g] = sx;
+    out.sx[g] = amax / 127.0f;
     out.xsum[g] = sum;
-    for (int64_t h = 0; h < 2; ++h) {
-      int8_t q16[16];
-      uint64_t neg = 0;
-      for (int64_t i = 0; i < 16; ++i) {
-        const int q = static_cast<int>(std::nearbyint(xf[16 * h + i] * inv));
-        q16[i] = static_cast<int8_t>(is_abs ? std::abs(q) : q);
-        if (q < 0)
-          for (int64_t r = 0; r < kRowBlock; ++r) neg |= uint64_t(1) << (16 * r + i);
-      }
-      int8_t* dst = &out.rep[(g * 2 + h) * 64];
-      for (int64_t r = 0; r < kRowBlock; ++r) std::memcpy(dst + 16 * r, q16, 16);
-      out.neg[g * 2 + h] = neg;
+    int32_t qsum = 0;
+    for (int64_t i = 0; i < kGroup; ++i) {
+      const int q = static_cast<int>(std::nearbyint(xf[i] * inv));  // half to even
+      out.codes[g * kGroup + i] = static_cast<int8_t>(q);
+      qsum += q;
     }
+    out.qsum[g] = qsum;
   }
 }
 
-// Lane sums → row sums: lanes 4r .. 4r+3 of v belong to row r of the block.
-inline void sum_lanes_by_row(__m512 v, float rows[kRowBlock]) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  for (int64_t r = 0; r < kRowBlock; ++r)
-    rows[r] = lanes[4 * r] + lanes[4 * r + 1] + lanes[4 * r + 2] + lanes[4 * r + 3];
+// x's 4 codes at k .. k + 3, in every lane.
+inline __m512i broadcast4(const int8_t* codes) {
+  int32_t four;
+  std::memcpy(&four, codes, 4);
+  return _mm512_set1_epi32(four);
 }
 
-// int4: partial sums of rows [4·block, 4·block + 4) for NM rows of x.
+// int4: acc[m] (the scaled products) and off[m] (the zero-point terms) of the 16 rows of one
+// block for NM rows of x.
 template <int NM>
 void int4_block(const uint8_t* codes, const c10::Half* scale_zero, int64_t groups,
-                const QuantizedRow* xs, float out[kMaxRows][kRowBlock]) {
+                const QuantizedRow* xs, __m512 acc[kMaxRows]) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  // lane l of a product vector belongs to row l / 4: spread the 4 rows' scales that way
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  __m512 acc[NM];
-  __m128 offset_acc[NM];
-  for (int m = 0; m < NM; ++m) {
-    acc[m] = _mm512_setzero_ps();
-    offset_acc[m] = _mm_setzero_ps();
-  }
+  __m512 off[NM];
+  for (int m = 0; m < NM; ++m) acc[m] = off[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const __m512i packed = _mm512_loadu_si512(codes + g * 64);
-    const __m512i lo = _mm512_and_si512(packed, low4);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
-    const __m256 sz = _mm256_cvtph_ps(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_zero + g * 8)));
-    const __m128 s4 = _mm256_castps256_ps128(sz), z4 = _mm256_extractf128_ps(sz, 1);
-    const __m512 s16 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s4));
-    const __m128 c4 = _mm_fnmadd_ps(_mm_set1_ps(8.0f), s4, z4);  // z − 8·s per row
+    const __m512 s = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_zero + g * 32)));
+    const __m512 z = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_zero + g * 32 + 16)));
+    const __m512 c = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, z);  // z − 8·s per row
+    __m512i isum[NM];
+    for (int m = 0; m < NM; ++m) isum[m] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < kGroup / 8; ++t) {
+      const __m512i packed = _mm512_loadu_si512(codes + (g * 4 + t) * 64);
+      const __m512i lo = _mm512_and_si512(packed, low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+      for (int m = 0; m < NM; ++m) {
+        const int8_t* xq = xs[m].codes.data() + g * kGroup + 8 * t;
+        isum[m] = _mm512_dpbusd_epi32(isum[m], lo, broadcast4(xq));
+        isum[m] = _mm512_dpbusd_epi32(isum[m], hi, broadcast4(xq + 4));
+      }
+    }
     for (int m = 0; m < NM; ++m) {
-      const int8_t* rep = &xs[m].rep[g * 128];
-      __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(rep));
-      isum = _mm512_dpbusd_epi32(isum, hi, _mm512_loadu_si512(rep + 64));
-      const __m512 scale = _mm512_mul_ps(s16, _mm512_set1_ps(xs[m].sx[g]));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[m]);
-      offset_acc[m] = _mm_fmadd_ps(c4, _mm_set1_ps(xs[m].xsum[g]), offset_acc[m]);
+      const __m512 scale = _mm512_mul_ps(s, _mm512_set1_ps(xs[m].sx[g]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[m]), scale, acc[m]);
+      off[m] = _mm512_fmadd_ps(c, _mm512_set1_ps(xs[m].xsum[g]), off[m]);
     }
   }
-  for (int m = 0; m < NM; ++m) {
-    sum_lanes_by_row(acc[m], out[m]);
-    alignas(16) float offsets[4];
-    _mm_store_ps(offsets, offset_acc[m]);
-    for (int64_t r = 0; r < kRowBlock; ++r) out[m][r] += offsets[r];
-  }
+  for (int m = 0; m < NM; ++m) acc[m] = _mm512_add_ps(acc[m], off[m]);
 }
 
-// int8: partial sums (before the per-row scale) of a block's 4 rows for NM rows of x.
+// int8: acc[m], the 16 rows' sums before their per-row scale, for NM rows of x.
 template <int NM>
 void int8_block(const int8_t* codes, int64_t groups, const QuantizedRow* xs,
-                float out[kMaxRows][kRowBlock]) {
-  const __m512i zero = _mm512_setzero_si512();
-  __m512 acc[NM];
+                __m512 acc[kMaxRows]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // q → q + 128, unsigned
   for (int m = 0; m < NM; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const __m512i w0 = _mm512_loadu_si512(codes + g * 128);
-    const __m512i w1 = _mm512_loadu_si512(codes + g * 128 + 64);
-    for (int m = 0; m < NM; ++m) {
-      const int8_t* rep = &xs[m].rep[g * 128];
-      const uint64_t* neg = &xs[m].neg[g * 2];
-      const __m512i s0 = _mm512_mask_sub_epi8(w0, neg[0], zero, w0);  // ±q where xq < 0
-      const __m512i s1 = _mm512_mask_sub_epi8(w1, neg[1], zero, w1);
-      __m512i isum = _mm512_dpbusd_epi32(zero, _mm512_loadu_si512(rep), s0);
-      isum = _mm512_dpbusd_epi32(isum, _mm512_loadu_si512(rep + 64), s1);
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(xs[m].sx[g]), acc[m]);
+    __m512i isum[NM];
+    for (int m = 0; m < NM; ++m) isum[m] = _mm512_set1_epi32(-128 * xs[m].qsum[g]);
+    for (int64_t t = 0; t < kGroup / 4; ++t) {
+      const __m512i u = _mm512_xor_si512(_mm512_loadu_si512(codes + (g * 8 + t) * 64), flip);
+      for (int m = 0; m < NM; ++m)
+        isum[m] = _mm512_dpbusd_epi32(isum[m], u, broadcast4(xs[m].codes.data() + g * kGroup + 4 * t));
     }
+    for (int m = 0; m < NM; ++m)
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[m]), _mm512_set1_ps(xs[m].sx[g]), acc[m]);
   }
-  for (int m = 0; m < NM; ++m) sum_lanes_by_row(acc[m], out[m]);
 }
 #else
 constexpr bool kHasVnni = false;
@@ -181,48 +170,49 @@ at::Tensor run(const QuantProblem& p, const at::Tensor& x, const c10::optional<a
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const T* xp = x.data_ptr<T>();
   std::vector<QuantizedRow> xs(p.M);
-  for (int64_t m = 0; m < p.M; ++m)
-    quantize_row(xp + m * x.stride(0), p.K, p.groups, !p.is_int4, xs[m]);
+  for (int64_t m = 0; m < p.M; ++m) quantize_row(xp + m * x.stride(0), p.K, p.groups, xs[m]);
   const T* bp = bias ? bias->data_ptr<T>() : nullptr;
   const T* rp = residual ? residual->data_ptr<T>() : nullptr;
   const int64_t r_row = residual ? residual->stride(0) : 0;
   T* yp = y.data_ptr<T>();
-  const int64_t block_bytes = p.groups * 64 * (p.is_int4 ? 1 : 2);
+  const int64_t block_bytes = p.groups * (p.is_int4 ? 256 : 512);
   // Each thread streams one contiguous run of row blocks, at least ~64 KiB of codes.
   const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / block_bytes);
   at::parallel_for(0, p.num_blocks, per_task, [&](int64_t begin, int64_t end) {
-    float part[kMaxRows][kRowBlock];
+    __m512 acc[kMaxRows];
     for (int64_t b = begin; b < end; ++b) {
+      const int64_t n0 = b * kRowBlock;
+      const int64_t rows = std::min<int64_t>(kRowBlock, p.N - n0);  // the rest is padding
+      const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
+      const __m512 w_scale = p.is_int4 ? _mm512_set1_ps(1.0f)
+                                       : _mm512_maskz_loadu_ps(valid, p.scale + n0);
+      const __m512 b_add = bp ? llmbench_simd::load16_masked(bp + n0, valid) : _mm512_setzero_ps();
       for (int64_t m0 = 0; m0 < p.M; m0 += kMaxRows) {
         const int nm = static_cast<int>(std::min<int64_t>(kMaxRows, p.M - m0));
-        const QuantizedRow* rows = xs.data() + m0;
+        const QuantizedRow* xr = xs.data() + m0;
         if (p.is_int4) {
           const uint8_t* c = p.codes + b * block_bytes;
-          const c10::Half* sz = p.scale_zero + b * p.groups * 8;
+          const c10::Half* sz = p.scale_zero + b * p.groups * 32;
           switch (nm) {
-            case 1: int4_block<1>(c, sz, p.groups, rows, part); break;
-            case 2: int4_block<2>(c, sz, p.groups, rows, part); break;
-            case 3: int4_block<3>(c, sz, p.groups, rows, part); break;
-            default: int4_block<4>(c, sz, p.groups, rows, part); break;
+            case 1: int4_block<1>(c, sz, p.groups, xr, acc); break;
+            case 2: int4_block<2>(c, sz, p.groups, xr, acc); break;
+            case 3: int4_block<3>(c, sz, p.groups, xr, acc); break;
+            default: int4_block<4>(c, sz, p.groups, xr, acc); break;
           }
         } else {
           const int8_t* c = reinterpret_cast<const int8_t*>(p.codes) + b * block_bytes;
           switch (nm) {
-            case 1: int8_block<1>(c, p.groups, rows, part); break;
-            case 2: int8_block<2>(c, p.groups, rows, part); break;
-            case 3: int8_block<3>(c, p.groups, rows, part); break;
-            default: int8_block<4>(c, p.groups, rows, part); break;
+            case 1: int8_block<1>(c, p.groups, xr, acc); break;
+            case 2: int8_block<2>(c, p.groups, xr, acc); break;
+            case 3: int8_block<3>(c, p.groups, xr, acc); break;
+            default: int8_block<4>(c, p.groups, xr, acc); break;
           }
         }
         for (int m = 0; m < nm; ++m) {
-          for (int64_t r = 0; r < kRowBlock; ++r) {
-            const int64_t n = b * kRowBlock + r;
-            if (n >= p.N) continue;  // a padding row
-            float v = p.is_int4 ? part[m][r] : part[m][r] * p.scale[n];
-            if (bp) v += to_f(bp[n]);
-            if (rp) v += to_f(rp[(m0 + m) * r_row + n]);
-            yp[(m0 + m) * p.N + n] = from_f<T>(v);
-          }
+          __m512 v = _mm512_fmadd_ps(acc[m], w_scale, b_add);  // (s·)Σ + bias, rounded once
+          if (rp)
+            v = _mm512_add_ps(v, llmbench_simd::load16_masked(rp + (m0 + m) * r_row + n0, valid));
+          llmbench_simd::store16_masked(yp + (m0 + m) * p.N + n0, v, valid);
         }
       }
     }
@@ -241,20 +231,21 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
   TORCH_CHECK(codes.is_contiguous(), "quant_gemv: codes must be contiguous");
   const bool is_int4 = scale_zero.has_value();
   TORCH_CHECK(is_int4 != scale.has_value(), "quant_gemv: give scale_zero (int4) or scale (int8)");
-  const int64_t num_blocks = codes.size(0), groups = codes.size(1);
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == kRowBlock && codes.size(3) == 4,
+              "quant_gemv: codes must be [N/16, K/8 (int4) or K/4 (int8), 16, 4]");
+  const int64_t num_blocks = codes.size(0);
+  const int64_t groups = codes.size(1) / (is_int4 ? kGroup / 8 : kGroup / 4);
+  TORCH_CHECK(codes.size(1) == groups * (is_int4 ? kGroup / 8 : kGroup / 4),
+              "quant_gemv: codes must cover whole groups of 32 along K");
   TORCH_CHECK(num_blocks * kRowBlock >= out_features && x.size(1) <= groups * kGroup,
               "quant_gemv: codes do not cover [out_features, K]");
   if (is_int4) {
-    TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 4 && codes.size(2) == 4 &&
-                    codes.size(3) == 16,
-                "quant_gemv: int4 codes must be uint8 [N/4, K/32, 4, 16]");
+    TORCH_CHECK(codes.scalar_type() == at::kByte, "quant_gemv: int4 codes must be uint8");
     TORCH_CHECK(scale_zero->scalar_type() == at::kHalf && scale_zero->is_contiguous() &&
-                    scale_zero->numel() == num_blocks * groups * 8,
-                "quant_gemv: scale_zero must be a contiguous float16 [N/4, K/32, 2, 4]");
+                    scale_zero->numel() == num_blocks * groups * 32,
+                "quant_gemv: scale_zero must be a contiguous float16 [N/16, K/32, 2, 16]");
   } else {
-    TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 5 && codes.size(2) == 2 &&
-                    codes.size(3) == 4 && codes.size(4) == 16,
-                "quant_gemv: int8 codes must be int8 [N/4, K/32, 2, 4, 16]");
+    TORCH_CHECK(codes.scalar_type() == at::kChar, "quant_gemv: int8 codes must be int8");
     TORCH_CHECK(scale->scalar_type() == at::kFloat && scale->is_contiguous() &&
                     scale->numel() >= out_features,
                 "quant_gemv: scale must be a contiguous float32 [N]");
@@ -273,7 +264,7 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
   p.N = out_features;
   p.K = x.size(1);
   p.groups = groups;
-  p.num_blocks = num_blocks;
+  p.num_blocks = (out_features + kRowBlock - 1) / kRowBlock;
   p.codes = reinterpret_cast<const uint8_t*>(codes.data_ptr());
   p.scale_zero = is_int4 ? scale_zero->data_ptr<c10::Half>() : nullptr;
   p.scale = is_int4 ? nullptr : scale->data_ptr<float>();
@@ -285,12 +276,113 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
   return y;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The layouts back to W [N, K] in `dtype`, for products of many rows (prefill), which then run
+// as one dense matmul (oneDNN: on a CPU with AMX, its tiles): int4 w = s·(q − 8) + z, int8
+// w = s·q, each in float32 (a multiply, then an add: as `dequantize_int4_blocks` rounds) and
+// rounded once. Every row block of 16 is one task; the x-independent half of a prefill's cost.
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+template <typename T>
+__attribute__((optimize("fp-contract=off")))  // s·(q − 8), then + z: two roundings, no FMA
+void dequantize_blocks(const QuantProblem& p, T* w) {
+  at::parallel_for(0, p.num_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t rows = std::min<int64_t>(kRowBlock, p.N - b * kRowBlock);
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t n = b * kRowBlock + i;
+        for (int64_t g = 0; g < p.groups; ++g) {
+          const int64_t k0 = g * kGroup, count = std::min<int64_t>(kGroup, p.K - k0);
+          T* out = w + n * p.K + k0;
+          // Row i's 32 codes of group g sit 4 bytes a chunk, chunks 64 bytes apart: gathered.
+          __m512 lo, hi;  // k 0 .. 15 and 16 .. 31 of the group, in float32
+          if (p.is_int4) {
+            const uint8_t* c = p.codes + (b * p.groups + g) * 256 + i * 4;
+            const __m128i bytes = _mm_i32gather_epi32(reinterpret_cast<const int*>(c),
+                                                      _mm_set_epi32(192, 128, 64, 0), 1);
+            const __m128i low4 = _mm_set1_epi8(0x0F);
+            const __m128i q_lo = _mm_and_si128(bytes, low4);  // chunk t: k 8t .. 8t + 3
+            const __m128i q_hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);  // 8t + 4 ..
+            const __m128i first = _mm_unpacklo_epi32(q_lo, q_hi);  // k 0 .. 15
+            const __m128i last = _mm_unpackhi_epi32(q_lo, q_hi);   // k 16 .. 31
+            const c10::Half* sz = p.scale_zero + (b * p.groups + g) * 32;
+            const __m512 s = _mm512_set1_ps(static_cast<float>(sz[i]));
+            const __m512 z = _mm512_set1_ps(static_cast<float>(sz[16 + i]));
+            const __m512 eight = _mm512_set1_ps(8.0f);
+            const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(first));
+            const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(last));
+            lo = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(q0, eight), s), z);
+            hi = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(q1, eight), s), z);
+          } else {
+            const uint8_t* c = p.codes + (b * p.groups + g) * 512 + i * 4;
+            const __m256i chunks = _mm256_set_epi32(448, 384, 320, 256, 192, 128, 64, 0);
+            const __m256i bytes =
+                _mm256_i32gather_epi32(reinterpret_cast<const int*>(c), chunks, 1);
+            const __m512 s = _mm512_set1_ps(p.scale[n]);
+            lo = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes))), s);
+            hi = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1))), s);
+          }
+          const __mmask16 first16 =
+              count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
+          const __mmask16 last16 = count >= 32   ? 0xFFFF
+                                   : count <= 16 ? 0
+                                                 : static_cast<__mmask16>((1u << (count - 16)) - 1);
+          llmbench_simd::store16_masked(out, lo, first16);
+          llmbench_simd::store16_masked(out + 16, hi, last16);
+        }
+      }
+    }
+  });
+}
+#endif
+
+at::Tensor quant_dequantize(const at::Tensor& codes, const c10::optional<at::Tensor>& scale_zero,
+                            const c10::optional<at::Tensor>& scale, int64_t out_features,
+                            int64_t in_features, at::ScalarType dtype) {
+  TORCH_CHECK(kHasVnni, "quant_dequantize: this build has no AVX-512 VNNI (no such layouts)");
+  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 4 && codes.size(2) == kRowBlock &&
+                  codes.size(3) == 4,
+              "quant_dequantize: codes must be contiguous [N/16, K/8 or K/4, 16, 4]");
+  const bool is_int4 = scale_zero.has_value();
+  TORCH_CHECK(is_int4 != scale.has_value(), "quant_dequantize: give scale_zero or scale");
+  TORCH_CHECK(codes.scalar_type() == (is_int4 ? at::kByte : at::kChar),
+              "quant_dequantize: int4 codes are uint8, int8 codes int8");
+  QuantProblem p;
+  p.M = 0;
+  p.N = out_features;
+  p.K = in_features;
+  p.groups = codes.size(1) / (is_int4 ? kGroup / 8 : kGroup / 4);
+  p.num_blocks = (out_features + kRowBlock - 1) / kRowBlock;
+  TORCH_CHECK(p.num_blocks <= codes.size(0) && in_features <= p.groups * kGroup,
+              "quant_dequantize: codes do not cover [out_features, in_features]");
+  p.codes = reinterpret_cast<const uint8_t*>(codes.data_ptr());
+  p.scale_zero = is_int4 ? scale_zero->data_ptr<c10::Half>() : nullptr;
+  p.scale = is_int4 ? nullptr : scale->data_ptr<float>();
+  p.is_int4 = is_int4;
+  at::Tensor w = at::empty({out_features, in_features}, codes.options().dtype(dtype));
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  dispatch_float(dtype, "quant_dequantize", [&](auto tag) {
+    using scalar_t = decltype(tag);
+    dequantize_blocks<scalar_t>(p, w.data_ptr<scalar_t>());
+  });
+#endif
+  return w;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
   m.def(
       "quant_gemv(Tensor x, Tensor codes, Tensor? scale_zero, Tensor? scale, int out_features, "
       "Tensor? bias, Tensor? residual) -> Tensor");
+  m.def(
+      "quant_dequantize(Tensor codes, Tensor? scale_zero, Tensor? scale, int out_features, "
+      "int in_features, ScalarType dtype) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) { m.impl("quant_gemv", &quant_gemv); }
+TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) {
+  m.impl("quant_gemv", &quant_gemv);
+  m.impl("quant_dequantize", &quant_dequantize);
+}

@@ -1,6 +1,10 @@
 // Element helpers shared by the CPU extension's sources: float32, bfloat16 and float16 read as
-// float32 (one element, or 16 lanes of AVX-512), rounded back once, and a dispatch on dtype.
+// float32 (one element, or 16 lanes of AVX-512), rounded back once; e^x, dot products and
+// axpy over rows; and a dispatch on dtype.
 #pragma once
+
+#include <cmath>
+#include <cstdint>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -29,6 +33,142 @@ inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 #endif
+
+#if defined(__AVX512F__)
+// Σ lanes of each of v[0..15], as the 16 lanes of one vector (lane i: v[i]'s sum). A tree of
+// 128-bit and 32-bit shuffles, 3 ops a vector where one reduction alone costs about 8.
+inline __m512 sum_lanes_16(const __m512 v[16]) {
+  __m512 r[8], u[4], w[2];
+  for (int k = 0; k < 8; ++k) {  // r[k]: quarters (v[2k] 0+2, 1+3, v[2k+1] 0+2, 1+3)
+    const __m512 lo = _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 hi = _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    r[k] = _mm512_add_ps(lo, hi);
+  }
+  for (int k = 0; k < 4; ++k) {  // u[k]: quarter i holds 4 partial sums of v[4k + i]
+    const __m512 lo = _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 hi = _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1));
+    u[k] = _mm512_add_ps(lo, hi);
+  }
+  for (int k = 0; k < 2; ++k) {  // w[k]: quarter i: 2 partials of v[8k + i], 2 of v[8k + 4 + i]
+    const __m512 lo = _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 hi = _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    w[k] = _mm512_add_ps(lo, hi);
+  }
+  const __m512 lo = _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0));
+  const __m512 hi = _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1));
+  // lane 4i + j now holds the sum of v[4j + i]: transpose the 4 x 4 lane order back
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, _mm512_add_ps(lo, hi));
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// The first lanes of `valid` of 16 consecutive elements as float32 (the others 0), and the
+// store back, rounded as torch rounds one element (c10's conversions: to nearest, ties to
+// even; a bfloat16 NaN is 0x7FC0), so a vector path and a scalar one give the same bits.
+inline __m512 load16_masked(const float* p, __mmask16 valid) {
+  return _mm512_maskz_loadu_ps(valid, p);
+}
+inline __m512 load16_masked(const c10::BFloat16* p, __mmask16 valid) {
+  const __m256i raw = _mm256_maskz_loadu_epi16(valid, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16_masked(const c10::Half* p, __mmask16 valid) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, p));
+}
+inline void store16_masked(float* p, __m512 v, __mmask16 valid) {
+  _mm512_mask_storeu_ps(p, valid, v);
+}
+inline void store16_masked(c10::BFloat16* p, __m512 v, __mmask16 valid) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                                  _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(p, valid, _mm512_cvtepi32_epi16(rounded));
+}
+inline void store16_masked(c10::Half* p, __m512 v, __mmask16 valid) {
+  _mm256_mask_storeu_epi16(p, valid, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
+#if defined(__AVX512F__)
+// e^x for x <= 0 (softmax after subtracting the max): 2^(x·log2 e) = 2^n · 2^f, n an integer,
+// |f| <= 1/2, 2^f by its Taylor series to degree 7 (relative error < 2e-8 there).
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // below: e^x rounds to 0 anyway
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// Σ a[i]·b[i] over n elements, a float32 (already converted), b in its own dtype.
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.0f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), acc);
+  s = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < n; ++i) s += a[i] * to_f(b[i]);
+  return s;
+}
+
+// acc[i] += p · b[i] over n elements.
+template <typename T>
+inline void axpy(float* acc, float p, const T* b, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 pv = _mm512_set1_ps(p);
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(pv, load16(b + i), _mm512_loadu_ps(acc + i)));
+#endif
+  for (; i < n; ++i) acc[i] += p * to_f(b[i]);
+}
+
+// dst[i] = src[i] as float32 over n elements.
+template <typename T>
+inline void to_float_row(const T* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = to_f(src[i]);
+}
+
+// p[i] = e^(s[i] − m) in place over n elements; returns Σ p[i].
+inline float exp_shifted_sum(float* s, float m, int64_t n) {
+  int64_t i = 0;
+  float total = 0.0f;
+#if defined(__AVX512F__)
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv));
+    _mm512_storeu_ps(s + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  total = _mm512_reduce_add_ps(sum);
+#endif
+  for (; i < n; ++i) {
+    s[i] = std::exp(s[i] - m);
+    total += s[i];
+  }
+  return total;
+}
 
 // Calls f(T{}) with T the C++ type of a float32, bfloat16 or float16 tensor.
 template <typename F>
