@@ -50,6 +50,7 @@ SOURCES = tuple(
     CSRC / name
     for name in (
         "gemv.cpp",
+        "gemv_amx.cpp",
         "gemv_quant.cpp",
         "layer_ops.cpp",
         "decode_attention.cpp",
@@ -62,8 +63,20 @@ HEADERS = tuple(sorted(CSRC.glob("*.h")))
 NO_RECORD_ESTIMATE = "about a minute on 2 cores"
 
 # Compiler flags per instruction set, best first; each needs all its /proc/cpuinfo flags.
-# "vnni" in the name: the int8/int4 matmul (`cpu_quant_gemv`) is built too.
+# "vnni" in the name: the int8/int4 matmul (`cpu_quant_gemv`) is built too; "amx": bfloat16
+# products of several rows on the AMX tiles (`csrc/gemv_amx.cpp`, where the OS allows them).
 ISA_FLAGS = (
+    (
+        "avx512bf16_vnni_amx",
+        (
+            *("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c", "fma"),
+            *("amx_tile", "amx_bf16"),
+        ),
+        (
+            *("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni"),
+            *("-mf16c", "-mfma", "-mamx-tile", "-mamx-bf16"),
+        ),
+    ),
     (
         "avx512bf16_vnni",
         ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c", "fma"),

@@ -30,19 +30,20 @@ from llmbench.kernels.cpu_info import this_cpu_flags
 OP = "gemv"  # the library's op, and the name its checks give
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Up to this many rows of x the extension beats torch's matmul (`max_rows`). bfloat16: measured
-# by `benchmarks/cpu_gemv.py --rows` (ext vs native and oneDNN), at SmolLM2's shapes from DRAM:
-# on the AMD EPYC (AVX-512 BF16, no AMX) the extension wins up to 16 rows; on the Intel Xeon
-# with AMX, where oneDNN's bfloat16 matmul runs on the tiles, up to 7 (2 threads; the four
-# layer matrices at 7 rows 0.286 ms ext vs 0.295 oneDNN, at 8 rows 0.317 vs 0.298; qkv alone
-# 16.5 vs 10.8 GB/s at 4 rows, 6.8 vs 10.3 at 16). float16: always (torch has no fast
-# float16 CPU matmul: ~0.3 GFLOP/s here); float32: SmolLM2-135M's 120 layer matrices from DRAM,
-# 2 threads, at load ≈ 2.5 (tests running), best of 10: 8.4 ms (50 GB/s) vs 19.5 for MKL on the
-# input-major layout at one row, 9.7 vs 36.0 at 4, 15.5 vs 43.1 at 16.
+# by `benchmarks/cpu_gemv.py --rows` (ext vs native and oneDNN), at SmolLM2's shapes from DRAM,
+# 2 threads: on the AMD EPYC (AVX-512 BF16, no AMX) the extension wins up to 16 rows; on the
+# Intel Xeon with AMX, where from 2 rows it multiplies on the tiles (`csrc/gemv_amx.cpp`), at
+# every row count to 64 (gate_up 22.0 GB/s against oneDNN's 11.7 at 8 rows, 17.4 against 10.6
+# at 32, 11.3 against 8.8 at 64; one VDPBF16PS pass of 4 rows at a time had lost to oneDNN from
+# 8 rows on). float16: always (torch has no fast float16 CPU matmul: ~0.3 GFLOP/s here);
+# float32: SmolLM2-135M's 120 layer matrices from DRAM, 2 threads, at load ≈ 2.5 (tests
+# running), best of 10: 8.4 ms (50 GB/s) vs 19.5 for MKL on the input-major layout at one row,
+# 9.7 vs 36.0 at 4, 15.5 vs 43.1 at 16.
 MAX_ROWS_BF16 = 16
-MAX_ROWS_BF16_AMX = 7
+MAX_ROWS_BF16_AMX = 64
 MAX_ROWS_F16 = 1 << 30
 MAX_ROWS_F32 = 16
-AMX_FLAGS = ("amx_bf16", "amx_tile")  # /proc/cpuinfo: oneDNN's bfloat16 matmul uses the tiles
+AMX_FLAGS = ("amx_bf16", "amx_tile")  # /proc/cpuinfo: the extension's bfloat16 gemv uses the tiles
 
 
 def max_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int:

@@ -9,6 +9,7 @@ import torch
 
 from llmbench.kernels import cpu_gemv
 from llmbench.kernels.cost import KernelCost
+from llmbench.kernels.cpu_info import this_cpu_flags
 from llmbench.kernels.errors import KernelArgumentError
 
 
@@ -17,8 +18,13 @@ def _random(shape, dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("out_features, in_features", [(960, 576), (7, 33), (13, 100), (5, 1536)])
+# From 2 rows with K a multiple of 32 and N >= 32, a CPU with AMX multiplies on the tiles
+# (whole 16-row blocks; 40 rows: 2 blocks and 8 left to the vector loops), 20 and 64 rows in
+# chunks of 16 rows of x.
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 8, 20, 64])
+@pytest.mark.parametrize(
+    "out_features, in_features", [(960, 576), (7, 33), (13, 100), (5, 1536), (40, 64)]
+)
 @pytest.mark.parametrize("adds", ["none", "bias", "residual", "both"])
 def test_matches_float32_reference(backend, dtype, num_rows, out_features, in_features, adds):
     x = _random((num_rows, in_features), dtype, 1)
@@ -32,6 +38,11 @@ def test_matches_float32_reference(backend, dtype, num_rows, out_features, in_fe
     # about one unit in the last place of the 16-bit result (float32: a few units of the sum's).
     ulp = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 2**-16}[dtype]
     torch.testing.assert_close(y.float(), expected.float(), rtol=ulp, atol=ulp * in_features**0.5)
+
+
+def test_the_build_takes_the_amx_tiles_where_the_cpu_has_them(backend):
+    has_amx = all(flag in this_cpu_flags() for flag in cpu_gemv.AMX_FLAGS)
+    assert backend.isa.endswith("_amx") == has_amx
 
 
 def test_matches_torch_bfloat16_addmm(backend):
@@ -82,7 +93,7 @@ def test_max_rows_per_dtype():
     no_amx = frozenset({"avx512_bf16", "avx512f"})
     amx = no_amx | {"amx_bf16", "amx_tile", "amx_int8"}
     assert cpu_gemv.max_rows(torch.bfloat16, no_amx) == cpu_gemv.MAX_ROWS_BF16 == 16
-    assert cpu_gemv.max_rows(torch.bfloat16, amx) == cpu_gemv.MAX_ROWS_BF16_AMX == 7
+    assert cpu_gemv.max_rows(torch.bfloat16, amx) == cpu_gemv.MAX_ROWS_BF16_AMX == 64
     assert cpu_gemv.max_rows(torch.float32, amx) == cpu_gemv.MAX_ROWS_F32
     assert cpu_gemv.max_rows(torch.float16) == cpu_gemv.MAX_ROWS_F16
     assert cpu_gemv.max_rows(torch.float32) == cpu_gemv.MAX_ROWS_F32

@@ -32,6 +32,7 @@
 #include <immintrin.h>
 #endif
 
+#include "gemv_amx.h"
 #include "simd.h"
 
 #ifndef LLMBENCH_EXTENSION_NAMESPACE
@@ -251,6 +252,33 @@ void rows_of_w(const Problem& p, int64_t n0) {
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+// From this many rows of x a bfloat16 product runs on the AMX tiles (gemv_amx.cpp): below, the
+// VDPBF16PS loops above already stream W at the memory's speed; above, they are bound by their
+// products (4 rows of x a pass) where one tile product does 16 × 16 × 32.
+constexpr int64_t kAmxMinRows = 2;
+
+// y = x @ W^T (+ bias) (+ residual) for bfloat16 on the tiles: x packed once, each thread's
+// share of W's 16-row blocks (bias, residual and one rounding as each result tile is done);
+// the rows past the last whole block through the loops above.
+at::Tensor gemv_amx(const Problem& p, at::Tensor y) {
+  const int64_t K = p.K, whole = p.N / 16 * 16;
+  const std::vector<uint16_t> packed =
+      llmbench_amx::pack_rows(static_cast<const uint16_t*>(p.x), p.x_row, p.M, K);
+  const llmbench_amx::Epilogue epilogue{static_cast<const c10::BFloat16*>(p.bias),
+                                        static_cast<const c10::BFloat16*>(p.residual), p.res_row,
+                                        static_cast<c10::BFloat16*>(p.y)};
+  const int64_t pairs = (whole / 16 + 1) / 2;  // two 16-row blocks share each tile of x
+  const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / (32 * K * 2));
+  at::parallel_for(0, pairs, per_task, [&](int64_t begin, int64_t end) {
+    llmbench_amx::gemm_bf16(packed.data(), static_cast<const uint16_t*>(p.w), p.M, p.N, K,
+                            begin * 32, std::min(end * 32, whole), epilogue);
+  });
+  for (int64_t n = whole; n < p.N; ++n) rows_of_w<1>(p, n);
+  return y;
+}
+#endif
+
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                 const c10::optional<at::Tensor>& residual) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "gemv: CPU tensors only");
@@ -305,6 +333,10 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const c10::option
       for (int64_t k = 0; k < K; ++k) xf[m * K + k] = to_float(p.x, m * p.x_row + k, kind);
     p.xf = xf.data();
   }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+  if (kind == kBF16 && M >= kAmxMinRows && K % 32 == 0 && N >= 32 && llmbench_amx::available())
+    return gemv_amx(p, y);
+#endif
   const int64_t num_groups = N / kRows;
   // Each thread streams one contiguous block of rows (at least ~64 KiB of W: a smaller matrix
   // runs on the calling thread). Measured here, handing out 64 KiB tasks dynamically instead
