@@ -22,7 +22,8 @@ two allocations (`is_reproduced`), or the bandwidth's share of the budget ends; 
 keeps every allocation's best (`allocation_best_per_s`, noted when they are more than
 `ALLOCATION_TOLERANCE` apart). The deadline is checked before every timed run (`timed_runs`):
 on a loaded machine, where one run takes many times its usual time, the budget is overrun by
-one run at most (`read` and `copy` get one run whatever the time: a run needs both). Every
+one run at most (`read` and `copy` get one run whatever the time: a run needs both; so does
+the matmul of the dtype a run computes in, at the smallest size). Every
 probe keeps its best and median rate and the spread of its runs (`run_stats`). The roof MBU
 divides by is the best read-only sum at all threads (probe `read`;
 `sources["read_bytes_per_s"]` says so): decode streams weights, it reads. The other probes show
@@ -656,12 +657,13 @@ def measure(
     with_bandwidth: bool = True,
     progress: Progress | None = None,
     clock: Clock = time.perf_counter,
+    needed: str | None = None,
 ) -> dict[str, Any]:
     """Measure the roofs of `device_name` ("cpu" or "cuda") with torch's current threads:
     bandwidth (unless `with_bandwidth` is False) and the matmuls of `dtypes`, in that order,
     within `budget_s` seconds of `clock`, checked before every timed run: the call ends past it
-    by one run and its warm-up at most, besides the one run each of `read` and `copy` that a
-    run needs whatever the time.
+    by one run and its warm-up at most, besides the one run each of `read` and `copy`, and of
+    the `needed` dtype's matmul at the smallest size, that a run needs whatever the time.
 
     Returns the fields of `results.HardwareCeilings` but `sources`, plus `skipped` (dtypes and
     bandwidth probes the budget left out) and `unsupported` (dtypes torch has no matmul for
@@ -696,8 +698,8 @@ def measure(
         say("memory bandwidth")
         _measure_bandwidth(out, device, sync, deadline, clock)
     for dtype in dtypes:
-        left_s = deadline - clock()
-        if left_s <= 0:
+        left_s = max(0.0, deadline - clock())
+        if left_s == 0 and dtype != needed:
             out["skipped"].append(dtype)
             continue
         say(f"matmul {dtype}")
@@ -827,7 +829,8 @@ def ceilings(
 ) -> dict[str, Any]:
     """This device's roofs (the fields of `results.HardwareCeilings`, and `probe_loads`): from
     the cache for this device, thread count and torch, measuring only what it lacks (everything
-    with `refresh`), `first` dtype first, within `budget_s`. `sources` says where each probe's
+    with `refresh`), `first` dtype first (measured even past `budget_s`, once at the smallest
+    size: the run that asks needs it), within `budget_s`. `sources` says where each probe's
     number came from, and (`read_bytes_per_s`) which probe the read roof is.
 
     `watch_load()` (`provenance.LoadMonitor`) watches the machine around a measurement;
@@ -862,7 +865,7 @@ def ceilings(
                 return _with_sources(cached, source, set())
         dtypes = [d for d in order if d in missing or d in stale]
         with_bandwidth = cached is None or "read" in stale
-        measured = measure(device_name, budget_s, dtypes, with_bandwidth, progress)
+        measured = measure(device_name, budget_s, dtypes, with_bandwidth, progress, needed=first)
     load = None if watch is None else _load_record(watch.load())
     measured["probe_loads"] = dict.fromkeys(measured["probes"], load)
     roofs = _combine(cached, measured, set(measured["probes"]))

@@ -114,6 +114,25 @@ def test_a_loaded_machine_overruns_a_tiny_budget_by_one_run_at_most(monkeypatch)
     assert "bandwidth triad: not measured, the time budget was spent" in roofs["notes"]
 
 
+def test_the_dtype_a_run_computes_in_gets_one_small_matmul_past_the_budget(monkeypatch):
+    """The same loaded machine: the bandwidth spends the 0.3 s, yet the run's own dtype (its
+    MFU's roof) gets a warm-up and one timed run at 256x256; the others are skipped."""
+    clock = FakeClock()
+    fake_bandwidth(monkeypatch, clock, 2.0)
+    sizes = []
+
+    def matmul(dtype, n, device):
+        sizes.append((dtype, n))
+        return clock.run(2.0)
+
+    monkeypatch.setattr(ceilings, "MATMULS", {"bfloat16": matmul})  # any other: a KeyError
+    roofs = ceilings.measure("cpu", budget_s=0.3, clock=clock, needed="bfloat16")
+    assert sizes == [("bfloat16", 256)] and clock.t == 8.0 + 2 * 2.0
+    assert roofs["matmul_flops_per_s"] == {"bfloat16": 2 * 256**3 / 2.0}
+    assert roofs["probes"]["bfloat16"]["repeats"] == 1
+    assert roofs["skipped"][-3:] == [d for d in ceilings.MATMUL_DTYPES if d != "bfloat16"]
+
+
 def test_the_deadline_is_checked_before_every_run_not_every_probe(monkeypatch):
     """5 s budget, 2 s runs: read warms up (2 s) and runs at 4 s and 6 s (4 < 5 when it starts),
     then stops; copy still gets its one run (8, 10 s); nothing more."""
@@ -208,7 +227,7 @@ def fake_measure(calls, skipped=("float16",), read_per_s=(3e9,)):
     """`measure` without measuring: every dtype at 1 GFLOP/s but `skipped` (over budget), read
     at `read_per_s[-1]` (a test appends another rate), copy at 2 GB/s; `calls` logs each call."""
 
-    def measure(device, budget_s, dtypes, with_bandwidth, progress):
+    def measure(device, budget_s, dtypes, with_bandwidth, progress, needed=None):
         calls.append((list(dtypes), with_bandwidth))
         probe = fake_probe("FLOP/s")
         out = {
@@ -362,7 +381,7 @@ def test_a_complete_cache_measures_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(
         ceilings,
         "measure",
-        lambda device, budget_s, dtypes, with_bandwidth, progress: {
+        lambda device, budget_s, dtypes, with_bandwidth, progress, needed=None: {
             **fake(device, budget_s, [d for d in dtypes if d != "float16"], with_bandwidth, None),
             "unsupported": ["float16"] if "float16" in dtypes else [],
         },
