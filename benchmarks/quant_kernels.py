@@ -12,7 +12,10 @@ of `--repeats` passes in ms, after one warm-up pass. The paths:
 - `int8 kernel`: `torch.ops.aten._weight_int8pack_mm` (bfloat16 x and scales);
 - `int8 deq+mm`: codes → bfloat16 per call, oneDNN matmul, then the scales;
 - `int4 kernel`: `torch.ops.aten._weight_int4pack_mm_for_cpu` (`quant.linear.PackedInt4Linear`);
-- `int4 deq+mm`: the dequantise-per-call layout used off the CPU (`quant.linear.Int4Linear`).
+- `int4 deq+mm`: the dequantise-per-call layout used off the CPU (`quant.linear.Int4Linear`);
+- `int8 engine`, `int4 engine`: the layers the engine builds on a CPU with VNNI and the C++
+  extension (`quant.linear.VnniLinear`): its VNNI matmul up to 16 rows, its weight-only
+  `quant_gemm` above (on a CPU with AMX, W dequantised a block at a time onto the tiles).
 """
 
 from __future__ import annotations
@@ -24,9 +27,15 @@ from collections.abc import Callable
 
 import torch
 
+from llmbench.engine.kernel_ops import cpu_extension
 from llmbench.engine.linear import Linear
 from llmbench.engine.model import _gemv_backend
-from llmbench.engine.quant.linear import int4_layer, int8_layer, packed_int4_layer
+from llmbench.engine.quant.linear import (
+    int4_layer,
+    int8_layer,
+    packed_int4_layer,
+    quantize_linear,
+)
 from llmbench.engine.quant.scheme import parse_quantize
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -40,6 +49,14 @@ def _paths(weights: list[torch.Tensor]) -> dict[str, list[Callable]]:
     int8 = [int8_layer(w, None, bf16) for w in weights]
     int4 = [packed_int4_layer(w, None, parse_quantize("int4:32")) for w in weights]
     int4_torch = [int4_layer(w.to(bf16), None, parse_quantize("int4:32")) for w in weights]
+    extension = cpu_extension()
+    engine = {}
+    if extension.has_quant_gemv:
+        for name in ("int8", "int4"):
+            scheme = parse_quantize(name)
+            engine[f"{name} engine"] = [
+                quantize_linear(w.to(bf16), None, scheme, extension) for w in weights
+            ]
     return {
         "bf16": dense,
         "int8 kernel": [
@@ -50,6 +67,7 @@ def _paths(weights: list[torch.Tensor]) -> dict[str, list[Callable]]:
         ],
         "int4 kernel": int4,
         "int4 deq+mm": int4_torch,
+        **engine,
     }
 
 

@@ -64,7 +64,8 @@ NO_RECORD_ESTIMATE = "about a minute on 2 cores"
 
 # Compiler flags per instruction set, best first; each needs all its /proc/cpuinfo flags.
 # "vnni" in the name: the int8/int4 matmul (`cpu_quant_gemv`) is built too; "amx": bfloat16
-# products of several rows on the AMX tiles (`csrc/gemv_amx.cpp`, where the OS allows them).
+# products of several rows, and int8/int4 prefill products, on the AMX tiles
+# (`csrc/gemv_amx.cpp`, where the OS allows them).
 ISA_FLAGS = (
     (
         "avx512bf16_vnni_amx",
@@ -155,7 +156,7 @@ class CpuExtension:
         return self.is_extension and "vnni" in (self.isa or "")
 
     def op(self, name: str):
-        """The loaded library's op `name`: `gemv` (`cpu_gemv`), `quant_gemv`
+        """The loaded library's op `name`: `gemv` (`cpu_gemv`), `quant_gemv` or `quant_gemm`
         (`cpu_quant_gemv`), or one of `cpu_layer_ops`' (rms_norm, rope_,
         paged_decode_attention, decode_layer)."""
         if not self.is_extension:

@@ -1,11 +1,18 @@
-"""int8 and int4 decode matmuls on AVX-512 VNNI CPUs through the C++ extension
-(`csrc/gemv_quant.cpp`): the weight layouts it reads, the exact reference, cost and checks.
+"""int8 and int4 matmuls on AVX-512 VNNI CPUs through the C++ extension
+(`csrc/gemv_quant.cpp`): the weight layouts it reads, the exact references, cost and checks.
 
     y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias) (+ residual), y in x's dtype
 
-x is quantised per call to int8 in groups of 32 along K (scale max|x| / 127), as llama.cpp
-quantises activations for its Q4/Q8 dot products, so the codes multiply with VPDPBUSD (16 lanes
-of 4 byte products an instruction); each group's int32 sum is scaled in float32.
+Two ops read the layouts. `quant_gemv` (decode: a few rows) quantises x; `quant_gemm` (prefill:
+many rows) is weight-only, x kept as it is: on a CPU with AMX, bfloat16 x meets W dequantised to
+bfloat16 one block of 16 rows at a time in cache (`csrc/gemv_amx.cpp`), elsewhere W is
+dequantised whole to x's dtype (`quant_dequantize`) for one oneDNN matmul;
+`quant_gemm_reference` is that product in float64.
+
+In `quant_gemv`, x is quantised per call to int8 in groups of 32 along K (scale max|x| / 127),
+as llama.cpp quantises activations for its Q4/Q8 dot products, so the codes multiply with
+VPDPBUSD (16 lanes of 4 byte products an instruction); each group's int32 sum is scaled in
+float32.
 `quant_gemv_reference` computes the same sums exactly in float64, so the kernel matches it to
 float32 rounding; what quantising x costs in quality is `llmbench quality`'s to measure (against
 the weights' own dequantised product, `dequantize_int4_blocks` / `dequantize_int8_blocks`).
@@ -38,6 +45,7 @@ from llmbench.kernels.cost import KernelCost, dtype_bytes
 from llmbench.kernels.cpu_extension import CpuExtension
 
 OP = "quant_gemv"
+GEMM_OP = "quant_gemm"  # weight-only, for many rows
 DEQUANTIZE_OP = "quant_dequantize"  # the layouts back to W [N, K] in a float dtype
 GROUP = 32  # x's quantisation group along K, and int4's weight group
 ROW_BLOCK = 16  # rows of W per block: one per 32-bit lane of a VPDPBUSD
@@ -152,6 +160,31 @@ def quant_gemv_reference(
     return y.to(x.dtype)
 
 
+def quant_gemm_reference(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale_zero: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`quant_gemm`'s product in float64, rounded once to x's dtype: x times W dequantised in
+    float32 (`dequantize_int4_blocks` / `dequantize_int8_blocks`) and rounded to x's dtype, as
+    the op multiplies it."""
+    k = x.shape[1]
+    if scale_zero is not None:
+        w = dequantize_int4_blocks(codes, scale_zero, out_features, k)
+    else:
+        w = dequantize_int8_blocks(codes, scale, out_features, k)
+    y = x.double() @ w.to(x.dtype).double().t()
+    if bias is not None:
+        y = y + bias.double()
+    if residual is not None:
+        y = y + residual.double()
+    return y.to(x.dtype)
+
+
 def check_quant_gemv_args(
     x: torch.Tensor,
     codes: torch.Tensor,
@@ -197,11 +230,13 @@ def quant_gemv(
     out_features: int,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
+    op: str = OP,
 ) -> torch.Tensor:
-    """x [M, K] @ dequant(W)^T (+ bias) (+ residual) → [M, N] through the extension, checked."""
+    """x [M, K] @ dequant(W)^T (+ bias) (+ residual) → [M, N] through the extension, checked:
+    `op` OP (x quantised per group of 32) or GEMM_OP (weight-only)."""
     check_quant_gemv_args(x, codes, scale_zero, scale, out_features, bias, residual)
     check_value(OP, backend.has_quant_gemv, f"the extension ({backend.describe()}) has no VNNI")
-    return backend.op(OP)(x, codes, scale_zero, scale, out_features, bias, residual)
+    return backend.op(op)(x, codes, scale_zero, scale, out_features, bias, residual)
 
 
 def dequantize(
@@ -224,7 +259,8 @@ def dequantize(
 def quant_gemv_cost(
     num_rows: int, out_features: int, in_features: int, bits: int, dtype: object
 ) -> KernelCost:
-    """Bytes and FLOPs of one call.
+    """Bytes and FLOPs of one call of either op (W read once: `quant_gemm` dequantises each
+    block once a call and keeps it in cache for every row).
 
     Formula: bytes = N·K·bits/8 + scales (int4: 4 bytes per 32 weights; int8: 4 per row)
     + e·(M·K + M·N), flops = 2·M·N·K, e the bytes per element of x's dtype.

@@ -65,12 +65,14 @@ CPU_COMPUTE_DTYPE = torch.bfloat16
 # at 16 rows, even at 32).
 INT8_KERNEL_MAX_ROWS = 16
 # Up to this many rows the extension's VNNI matmul runs (x quantised to int8 per group of 32);
-# above (prefill), W is dequantised per call by the extension (`quant_dequantize`) and
-# multiplied by torch in x's dtype (oneDNN), weight-only: a prompt's activations keep their
-# precision. (Measured on the Intel Xeon with AMX, 2 threads, 40 of SmolLM2's layer matrices,
+# above (prefill), its weight-only `quant_gemm`: a prompt's activations keep their precision.
+# (Measured on the Intel Xeon with AMX, 2 threads, 40 of SmolLM2's layer matrices,
 # int8: the VNNI matmul 3.7 ms at 16 rows, 6.9 at 32; bfloat16 oneDNN 4.7 and 7.0, plus
 # dequantising, ~4 ms: a speed-only limit would sit near 64 rows. With the VNNI matmul up to
-# 64 rows, int8 greedy decoding of SmolLM2 left float32's 5 tokens earlier on one prompt.)
+# 64 rows, int8 greedy decoding of SmolLM2 left float32's 5 tokens earlier on one prompt. With
+# AMX, `quant_gemm` overtakes the VNNI matmul between 12 and 16 rows: the 120 matrices at 16
+# rows 12.6 against 14.3 ms int8, 9.8 against 13.2 int4, at 8 rows 13.5 against 9.6 and 10.1
+# against 7.8: too small a gain for a second limit.)
 VNNI_MAX_ROWS = 16
 # `_convert_weight_to_int4pack_for_cpu` wants a multiple of 16 output rows.
 INT4_ROW_MULTIPLE = 16
@@ -189,8 +191,8 @@ class VnniLinear:
     """int8 (per output channel) or int4 (group 32) in the C++ extension's layouts
     (`kernels.cpu_quant_gemv`: `scale_zero` for int4, `scale` for int8), for AVX-512 VNNI CPUs.
     Up to `VNNI_MAX_ROWS` rows through the extension's matmul (x quantised per 32 to int8 on
-    the way in, as llama.cpp does); above (prefill), W dequantised to x's dtype per call by the
-    extension, then torch's matmul."""
+    the way in, as llama.cpp does); above (prefill), its weight-only `quant_gemm` (on AMX
+    tiles, W dequantised a block at a time in cache; elsewhere dequantised whole per call)."""
 
     codes: torch.Tensor
     scale_zero: torch.Tensor | None
@@ -198,7 +200,7 @@ class VnniLinear:
     in_features: int
     out_features: int
     op: Callable[..., torch.Tensor]
-    dequantize_op: Callable[..., torch.Tensor]  # the extension's `quant_dequantize`
+    gemm_op: Callable[..., torch.Tensor]  # the extension's `quant_gemm`
     bias: torch.Tensor | None = None
 
     @property
@@ -213,12 +215,9 @@ class VnniLinear:
         return cpu_quant_gemv.dequantize_int8_blocks(self.codes, self.scale, n, k)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if x.shape[0] <= VNNI_MAX_ROWS:
-            args = (self.codes, self.scale_zero, self.scale, self.out_features, self.bias)
-            return self.op(x, *args, residual)
-        layout = (self.codes, self.scale_zero, self.scale, self.out_features, self.in_features)
-        y = torch.mm(x, self.dequantize_op(*layout, x.dtype).t())  # [T, out]
-        return _finish(y, x.dtype, self.bias, residual)
+        op = self.op if x.shape[0] <= VNNI_MAX_ROWS else self.gemm_op
+        layout = (self.codes, self.scale_zero, self.scale, self.out_features)
+        return op(x, *layout, self.bias, residual)
 
 
 QuantLinear = Int8Linear | PackedInt4Linear | Int4Linear | VnniLinear
@@ -236,7 +235,7 @@ def quantize_linear(
     is_cpu = weight.device.type == "cpu"
     has_vnni = is_cpu and cpu_extension is not None and cpu_extension.has_quant_gemv
     if has_vnni and (scheme.bits == 8 or scheme.group_size == cpu_quant_gemv.GROUP):
-        ops = (cpu_extension.op(cpu_quant_gemv.OP), cpu_extension.op(cpu_quant_gemv.DEQUANTIZE_OP))
+        ops = (cpu_extension.op(cpu_quant_gemv.OP), cpu_extension.op(cpu_quant_gemv.GEMM_OP))
         return vnni_layer(weight, bias, scheme, *ops)
     if scheme.bits == 8:
         return int8_layer(weight, bias, CPU_COMPUTE_DTYPE if is_cpu else weight.dtype)
@@ -250,7 +249,7 @@ def vnni_layer(
     bias: torch.Tensor | None,
     scheme: QuantScheme,
     op: Callable[..., torch.Tensor],
-    dequantize_op: Callable[..., torch.Tensor],
+    gemm_op: Callable[..., torch.Tensor],
 ) -> VnniLinear:
     """The layer in the extension's layouts: int8 scales float32, int4 scales and zero points
     float16 (the codes rounded against the stored values, as `quantize_int4` does)."""
@@ -258,10 +257,10 @@ def vnni_layer(
     if scheme.bits == 8:
         codes, scale = quantize_int8(weight, torch.float32)
         packed, scale = cpu_quant_gemv.pack_int8(codes, scale)
-        return VnniLinear(packed, None, scale, num_in, num_out, op, dequantize_op, bias)
+        return VnniLinear(packed, None, scale, num_in, num_out, op, gemm_op, bias)
     q = quantize_int4(weight, scheme.group_size, scheme.has_zero, torch.float16)
     packed, scale_zero = cpu_quant_gemv.pack_int4(q.codes, q.scale, q.zero)
-    return VnniLinear(packed, scale_zero, None, num_in, num_out, op, dequantize_op, bias)
+    return VnniLinear(packed, scale_zero, None, num_in, num_out, op, gemm_op, bias)
 
 
 def int8_layer(

@@ -1,21 +1,39 @@
-// bfloat16 products of a few rows (2 .. 64: verification rows, small batches) on Intel's AMX
-// tiles, the weights as they are: out = x @ W^T computed as its transpose, W @ x^T, so that W
-// is the A operand, loaded 16 rows × 32 k at a time straight from its [N, K] rows (no repacking
-// per call, as oneDNN's matmul does: it streamed SmolLM2's weights at ~10 GB/s at 20 rows), and
-// x^T is the B operand, repacked once a call into TDPBF16PS's pair layout:
+// bfloat16 products on Intel's AMX tiles (TDPBF16PS: C[16][16] += A[16][32 k] · B[32 k][16],
+// float32 sums), two kinds:
+//
+// gemm_bf16, bfloat16 W, a few rows of x (2 .. 64: verification rows, small batches): the
+// weights as they are: out = x @ W^T computed as its transpose, W @ x^T, so that W is the A
+// operand, loaded 16 rows × 32 k at a time straight from its [N, K] rows (no repacking per
+// call, as oneDNN's matmul does: it streamed SmolLM2's weights at ~10 GB/s at 20 rows), and x^T
+// is the B operand, repacked once a call into TDPBF16PS's pair layout:
 //     B[p][2m + t] = x[m][k0 + 2p + t]     (16 pairs of k × 16 rows of x)
 //     C[n][m] += Σ_k W[n][k0 + k] · x[m][k0 + k]   (float32)
 // Two 16-row blocks of W at a time, each A tile used for two chunks of 16 rows of x: W is read
-// from memory once for up to 32 rows, twice for 64. The tiles need the OS's permission
-// (arch_prctl ARCH_REQ_XCOMP_PERM, once a process) and a tile configuration on every thread
-// that uses them, loaded at the start of its share and released at the end.
+// from memory once for up to 32 rows, twice for 64.
+//
+// gemm_quant_bf16, int8 or int4 W, any number of rows of x (prefill): x is the A operand,
+// straight from its rows, and W the B operand, dequantised to bfloat16 one block of 16 rows at
+// a time into a panel in the pair layout
+//     B[p][2n + t] = w[n][k0 + 2p + t]     (16 pairs of k × 16 rows of W)
+// which every row of x then meets: the weights are dequantised once a call, in cache, never
+// written out whole (the per-call dequantise + oneDNN it replaces wrote a bfloat16 copy of every
+// matrix for every prefill chunk). The quantised layouts put 4 consecutive k of 16 rows in a
+// 64-byte chunk (lane n, byte j = q[n][4t + j]), so one chunk's values, in bfloat16, are two
+// rows of the panel: pairs j = 0, 1 of every lane, then j = 2, 3 (one two-source permute each).
+// Each value is dequantised as gemv_quant.cpp's quant_dequantize does (int8 s·q; int4
+// s·(q − 8), then + z; float32, rounded once to bfloat16), so y is x times exactly that W.
+//
+// The tiles need the OS's permission (arch_prctl ARCH_REQ_XCOMP_PERM, once a process) and a
+// tile configuration on every thread that uses them, loaded at the start of its share and
+// released at the end.
 #include "gemv_amx.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "simd.h"
@@ -23,13 +41,14 @@
 
 namespace llmbench_amx {
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 namespace {
 
 constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl: ask for an XSTATE feature
 constexpr long kXfeatureXtiledata = 18;     // the tiles' data
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kTileK = 32;  // bfloat16 elements of k in a tile row (64 bytes)
+constexpr int64_t kTileElements = kTileRows * kTileK;  // bfloat16 elements of one tile
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
@@ -136,6 +155,161 @@ void gemm_bf16(const uint16_t* packed, const uint16_t* w, int64_t M, int64_t N, 
   }
   _tile_release();
 }
+
+namespace {
+
+// The two panel rows of one 64-byte chunk of codes whose 64 values (lane n, byte j: row n, k
+// 4t + j) are v[0..3] in float32 (v[r]: lanes 4r .. 4r + 3): bfloat16 element 4n + j of the
+// chunk is then dword 2n (j = 0, 1) or 2n + 1 (j = 2, 3) of `lo` (rows 0 .. 7) and `hi`.
+inline void store_pair_rows(const __m512 v[4], uint16_t* even_row, uint16_t* odd_row) {
+  const __m512i lo = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v[1], v[0]));
+  const __m512i hi = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v[3], v[2]));
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  _mm512_store_si512(even_row, _mm512_permutex2var_epi32(lo, even, hi));
+  _mm512_store_si512(odd_row, _mm512_permutex2var_epi32(lo, odd, hi));
+}
+
+// A row's value (16 floats, one per row of the block) spread so that lane l of result r holds
+// row 4r + l / 4: the layout of a chunk's bytes.
+inline void spread_rows(__m512 per_row, __m512 out[4]) {
+  for (int r = 0; r < 4; ++r) {
+    const __m512i lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    out[r] = _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(4 * r)), per_row);
+  }
+}
+
+// The 64 bytes of a chunk as 4 × 16 float32 (v[r]: bytes 16r .. 16r + 15), signed or not.
+template <bool kSigned>
+inline void bytes_to_floats(__m512i bytes, __m512 v[4]) {
+  const __m128i q[4] = {_mm512_extracti32x4_epi32(bytes, 0), _mm512_extracti32x4_epi32(bytes, 1),
+                        _mm512_extracti32x4_epi32(bytes, 2), _mm512_extracti32x4_epi32(bytes, 3)};
+  for (int r = 0; r < 4; ++r)
+    v[r] = _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(q[r]) : _mm512_cvtepu8_epi32(q[r]));
+}
+
+// Block b of W as a panel of K / 32 B tiles (tile c at panel + c · 512): int8 w = s·q.
+void int8_panel(const QuantWeights& w, int64_t b, uint16_t* panel) {
+  const auto* codes = w.codes + b * w.groups * 512;
+  __m512 s[4];
+  spread_rows(_mm512_loadu_ps(w.scale + b * kTileRows), s);
+  for (int64_t t = 0; t < w.groups * 8; ++t) {  // chunks of 4 k
+    __m512 v[4];
+    bytes_to_floats<true>(_mm512_loadu_si512(codes + t * 64), v);
+    for (int r = 0; r < 4; ++r) v[r] = _mm512_mul_ps(v[r], s[r]);
+    uint16_t* row = panel + (t / 8) * kTileElements + (t % 8) * 2 * kTileK;
+    store_pair_rows(v, row, row + kTileK);
+  }
+}
+
+// The same for int4 (group 32 = one tile): w = s·(q − 8), then + z, each rounded (no FMA, as
+// quant_dequantize computes it).
+__attribute__((optimize("fp-contract=off")))
+void int4_panel(const QuantWeights& w, int64_t b, uint16_t* panel) {
+  const auto* codes = w.codes + b * w.groups * 256;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512 eight = _mm512_set1_ps(8.0f);
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const c10::Half* sz = w.scale_zero + (b * w.groups + g) * 32;
+    __m512 s[4], z[4];
+    spread_rows(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sz))), s);
+    spread_rows(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sz + 16))), z);
+    uint16_t* tile = panel + g * kTileElements;
+    for (int64_t t = 0; t < 4; ++t) {  // chunk t: k 8t .. 8t + 3 (low nibbles), 8t + 4 .. (high)
+      const __m512i packed = _mm512_loadu_si512(codes + (g * 4 + t) * 64);
+      const __m512i nibbles[2] = {_mm512_and_si512(packed, low4),
+                                  _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4)};
+      for (int h = 0; h < 2; ++h) {
+        __m512 v[4];
+        bytes_to_floats<false>(nibbles[h], v);
+        for (int r = 0; r < 4; ++r) v[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(v[r], eight), s[r]), z[r]);
+        uint16_t* row = tile + (4 * t + 2 * h) * kTileK;  // pairs of k (8t + 4h) / 2 ..
+        store_pair_rows(v, row, row + kTileK);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
+                     const QuantWeights& w, int64_t block_begin, int64_t block_end,
+                     const Epilogue& e) {
+  const int64_t chunks = w.groups, m_chunks = (M + kTileRows - 1) / kTileRows;
+  const int64_t panel_size = chunks * kTileElements;
+  // Two blocks' panels, 64-byte aligned (a tile row is one cache line).
+  std::vector<uint16_t> storage(2 * panel_size + 32);
+  uint16_t* panel0 = reinterpret_cast<uint16_t*>(
+      (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~static_cast<uintptr_t>(63));
+  uint16_t* panel1 = panel0 + panel_size;
+  const TileConfig config = full_tiles();
+  _tile_loadconfig(&config);
+  alignas(64) float tile[kTileRows * kTileRows];
+  // A C tile [16 m][16 n] → rows m of y, columns n0 .. (those < N): bias, residual, one rounding.
+  auto finish = [&](int64_t n0, int64_t mc) {
+    const int64_t cols = std::min<int64_t>(kTileRows, N - n0);
+    const __mmask16 valid = static_cast<__mmask16>((1u << cols) - 1);
+    const __m512 bias =
+        e.bias ? llmbench_simd::load16_masked(e.bias + n0, valid) : _mm512_setzero_ps();
+    for (int64_t i = 0; i < kTileRows && mc * kTileRows + i < M; ++i) {
+      const int64_t m = mc * kTileRows + i;
+      __m512 v = _mm512_add_ps(_mm512_load_ps(tile + i * kTileRows), bias);
+      if (e.residual)
+        v = _mm512_add_ps(v, llmbench_simd::load16_masked(e.residual + m * e.res_row + n0, valid));
+      llmbench_simd::store16_masked(e.y + m * N + n0, v, valid);
+    }
+  };
+  auto fill = [&](int64_t b, uint16_t* panel) {
+    if (w.is_int4)
+      int4_panel(w, b, panel);
+    else
+      int8_panel(w, b, panel);
+  };
+  for (int64_t b = block_begin; b < block_end; b += 2) {
+    const bool two_n = b + 1 < block_end;
+    const int64_t n0 = b * kTileRows;
+    fill(b, panel0);
+    if (two_n) fill(b + 1, panel1);
+    for (int64_t mc = 0; mc < m_chunks; mc += 2) {
+      const bool two_m = mc + 1 < m_chunks;
+      const uint16_t* x0 = x + mc * kTileRows * x_row;
+      const uint16_t* x1 = x0 + kTileRows * x_row;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t c = 0; c < chunks; ++c) {  // tmm4, 5: x's A; tmm6, 7: the panels' B
+        _tile_loadd(4, x0 + c * kTileK, 2 * x_row);
+        _tile_loadd(6, panel0 + c * kTileElements, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two_n) {
+          _tile_loadd(7, panel1 + c * kTileElements, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (two_m) {
+          _tile_loadd(5, x1 + c * kTileK, 2 * x_row);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two_n) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, tile, 64);
+      finish(n0, mc);
+      if (two_n) {
+        _tile_stored(1, tile, 64);
+        finish(n0 + kTileRows, mc);
+      }
+      if (two_m) {
+        _tile_stored(2, tile, 64);
+        finish(n0, mc + 1);
+        if (two_n) {
+          _tile_stored(3, tile, 64);
+          finish(n0 + kTileRows, mc + 1);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
 #else
 bool available() { return false; }
 
@@ -143,6 +317,9 @@ std::vector<uint16_t> pack_rows(const uint16_t*, int64_t, int64_t, int64_t) { re
 
 void gemm_bf16(const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, int64_t,
                const Epilogue&) {}
+
+void gemm_quant_bf16(const uint16_t*, int64_t, int64_t, int64_t, const QuantWeights&, int64_t,
+                     int64_t, const Epilogue&) {}
 #endif
 
 }  // namespace llmbench_amx

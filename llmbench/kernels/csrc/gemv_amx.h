@@ -1,7 +1,9 @@
-// bfloat16 products of a few rows on Intel's AMX tiles (gemv_amx.cpp), for gemv.cpp.
+// bfloat16 products on Intel's AMX tiles (gemv_amx.cpp): a few rows of x against bfloat16 W,
+// for gemv.cpp, and any number of rows against int8 or int4 W, for gemv_quant.cpp.
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
 #include <vector>
@@ -28,5 +30,21 @@ struct Epilogue {
 // n_begin to n_end (multiples of 16), x packed by pack_rows.
 void gemm_bf16(const uint16_t* packed, const uint16_t* w, int64_t M, int64_t N, int64_t K,
                int64_t n_begin, int64_t n_end, const Epilogue& epilogue);
+
+// int8 or int4 W in gemv_quant.cpp's layouts (rows in blocks of 16, K in groups of 32).
+struct QuantWeights {
+  const uint8_t* codes;         // block b at codes + b · groups · (512 int8, 256 int4) bytes
+  const c10::Half* scale_zero;  // int4: [blocks, groups, 2, 16]
+  const float* scale;           // int8: [blocks · 16]
+  int64_t groups;
+  bool is_int4;
+};
+
+// y = x @ dequant(W)^T (+ bias) (+ residual) for W's row blocks block_begin .. block_end, with x
+// [M, groups · 32] bfloat16 (rows x_row apart, readable up to M rounded up to 16 rows) and y
+// [M, N]: each block's tiles are dequantised to bfloat16 once and meet every row of x.
+void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
+                     const QuantWeights& w, int64_t block_begin, int64_t block_end,
+                     const Epilogue& epilogue);
 
 }  // namespace llmbench_amx

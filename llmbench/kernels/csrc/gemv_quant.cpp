@@ -28,6 +28,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -36,6 +38,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gemv_amx.h"
 #include "simd.h"
 
 #ifndef LLMBENCH_EXTENSION_NAMESPACE
@@ -221,44 +224,46 @@ at::Tensor run(const QuantProblem& p, const at::Tensor& x, const c10::optional<a
   return y;
 }
 
-at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
-                      const c10::optional<at::Tensor>& scale_zero,
-                      const c10::optional<at::Tensor>& scale, int64_t out_features,
-                      const c10::optional<at::Tensor>& bias,
-                      const c10::optional<at::Tensor>& residual) {
-  TORCH_CHECK(kHasVnni, "quant_gemv: this build has no AVX-512 VNNI (see cpu_extension's isa)");
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "quant_gemv: x must be [M, K], rows contiguous");
-  TORCH_CHECK(codes.is_contiguous(), "quant_gemv: codes must be contiguous");
+// The problem of y = x @ dequant(W)^T (+ bias) (+ residual), its arguments checked (`op` names
+// the op in the messages).
+QuantProblem checked_problem(const char* op, const at::Tensor& x, const at::Tensor& codes,
+                             const c10::optional<at::Tensor>& scale_zero,
+                             const c10::optional<at::Tensor>& scale, int64_t out_features,
+                             const c10::optional<at::Tensor>& bias,
+                             const c10::optional<at::Tensor>& residual) {
+  TORCH_CHECK(kHasVnni, op, ": this build has no AVX-512 VNNI (see cpu_extension's isa)");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, op, ": x must be [M, K], rows contiguous");
+  TORCH_CHECK(codes.is_contiguous(), op, ": codes must be contiguous");
   const bool is_int4 = scale_zero.has_value();
-  TORCH_CHECK(is_int4 != scale.has_value(), "quant_gemv: give scale_zero (int4) or scale (int8)");
-  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == kRowBlock && codes.size(3) == 4,
-              "quant_gemv: codes must be [N/16, K/8 (int4) or K/4 (int8), 16, 4]");
+  TORCH_CHECK(is_int4 != scale.has_value(), op, ": give scale_zero (int4) or scale (int8)");
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == kRowBlock && codes.size(3) == 4, op,
+              ": codes must be [N/16, K/8 (int4) or K/4 (int8), 16, 4]");
   const int64_t num_blocks = codes.size(0);
   const int64_t groups = codes.size(1) / (is_int4 ? kGroup / 8 : kGroup / 4);
-  TORCH_CHECK(codes.size(1) == groups * (is_int4 ? kGroup / 8 : kGroup / 4),
-              "quant_gemv: codes must cover whole groups of 32 along K");
-  TORCH_CHECK(num_blocks * kRowBlock >= out_features && x.size(1) <= groups * kGroup,
-              "quant_gemv: codes do not cover [out_features, K]");
+  TORCH_CHECK(codes.size(1) == groups * (is_int4 ? kGroup / 8 : kGroup / 4), op,
+              ": codes must cover whole groups of 32 along K");
+  TORCH_CHECK(num_blocks * kRowBlock >= out_features && x.size(1) <= groups * kGroup, op,
+              ": codes do not cover [out_features, K]");
   if (is_int4) {
-    TORCH_CHECK(codes.scalar_type() == at::kByte, "quant_gemv: int4 codes must be uint8");
+    TORCH_CHECK(codes.scalar_type() == at::kByte, op, ": int4 codes must be uint8");
     TORCH_CHECK(scale_zero->scalar_type() == at::kHalf && scale_zero->is_contiguous() &&
                     scale_zero->numel() == num_blocks * groups * 32,
-                "quant_gemv: scale_zero must be a contiguous float16 [N/16, K/32, 2, 16]");
+                op, ": scale_zero must be a contiguous float16 [N/16, K/32, 2, 16]");
   } else {
-    TORCH_CHECK(codes.scalar_type() == at::kChar, "quant_gemv: int8 codes must be int8");
+    TORCH_CHECK(codes.scalar_type() == at::kChar, op, ": int8 codes must be int8");
     TORCH_CHECK(scale->scalar_type() == at::kFloat && scale->is_contiguous() &&
-                    scale->numel() >= out_features,
-                "quant_gemv: scale must be a contiguous float32 [N]");
+                    scale->numel() >= num_blocks * kRowBlock,
+                op, ": scale must be a contiguous float32 [N padded to 16]");
   }
   if (bias)
     TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
                     bias->numel() == out_features,
-                "quant_gemv: bias must be a contiguous [N] in x's dtype");
+                op, ": bias must be a contiguous [N] in x's dtype");
   if (residual)
     TORCH_CHECK(residual->scalar_type() == x.scalar_type() && residual->dim() == 2 &&
                     residual->size(0) == x.size(0) && residual->size(1) == out_features &&
                     residual->stride(1) == 1,
-                "quant_gemv: residual must be [M, N] in x's dtype, rows contiguous");
+                op, ": residual must be [M, N] in x's dtype, rows contiguous");
   QuantProblem p;
   p.M = x.size(0);
   p.N = out_features;
@@ -269,6 +274,16 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
   p.scale_zero = is_int4 ? scale_zero->data_ptr<c10::Half>() : nullptr;
   p.scale = is_int4 ? nullptr : scale->data_ptr<float>();
   p.is_int4 = is_int4;
+  return p;
+}
+
+at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
+                      const c10::optional<at::Tensor>& scale_zero,
+                      const c10::optional<at::Tensor>& scale, int64_t out_features,
+                      const c10::optional<at::Tensor>& bias,
+                      const c10::optional<at::Tensor>& residual) {
+  const QuantProblem p =
+      checked_problem("quant_gemv", x, codes, scale_zero, scale, out_features, bias, residual);
   at::Tensor y;
   dispatch_float(x.scalar_type(), "quant_gemv", [&](auto tag) {
     y = run<decltype(tag)>(p, x, bias, residual);
@@ -371,11 +386,68 @@ at::Tensor quant_dequantize(const at::Tensor& codes, const c10::optional<at::Ten
   return w;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Products of many rows (prefill), weight-only: x keeps its precision (nothing quantised per
+// call). bfloat16 x on a CPU whose OS lets this process use the AMX tiles: gemv_amx.cpp's
+// gemm_quant_bf16, each block of W dequantised in cache into the tiles' layout once a call and
+// met by every row of x. Otherwise W is dequantised whole to x's dtype (dequantize_blocks) and
+// multiplied by at::mm (oneDNN).
+
+at::Tensor quant_gemm_tiles(const QuantProblem& p, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& bias,
+                            const c10::optional<at::Tensor>& residual) {
+  // x [M, K] padded with zeros to whole tiles: rows to 16, K to the codes' groups of 32.
+  const int64_t K = p.groups * kGroup, rows = (p.M + 15) / 16 * 16;
+  at::Tensor xp = x;
+  if (K != p.K || rows != p.M) {
+    xp = at::zeros({rows, K}, x.options());
+    xp.narrow(0, 0, p.M).narrow(1, 0, p.K).copy_(x);
+  }
+  at::Tensor y = at::empty({p.M, p.N}, x.options());
+  const llmbench_amx::QuantWeights w{p.codes, p.scale_zero, p.scale, p.groups, p.is_int4};
+  const llmbench_amx::Epilogue epilogue{
+      bias ? bias->data_ptr<c10::BFloat16>() : nullptr,
+      residual ? residual->data_ptr<c10::BFloat16>() : nullptr,
+      residual ? residual->stride(0) : 0, y.data_ptr<c10::BFloat16>()};
+  const auto* xd = static_cast<const uint16_t*>(xp.data_ptr());
+  const int64_t pairs = (p.num_blocks + 1) / 2;  // two blocks of W share each tile of x
+  at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
+    llmbench_amx::gemm_quant_bf16(xd, xp.stride(0), p.M, p.N, w, 2 * begin,
+                                  std::min(2 * end, p.num_blocks), epilogue);
+  });
+  return y;
+}
+
+at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& codes,
+                      const c10::optional<at::Tensor>& scale_zero,
+                      const c10::optional<at::Tensor>& scale, int64_t out_features,
+                      const c10::optional<at::Tensor>& bias,
+                      const c10::optional<at::Tensor>& residual) {
+  const QuantProblem p =
+      checked_problem("quant_gemm", x, codes, scale_zero, scale, out_features, bias, residual);
+  if (x.scalar_type() == at::kBFloat16 && llmbench_amx::available())
+    return quant_gemm_tiles(p, x, bias, residual);
+  at::Tensor w = at::empty({p.N, p.K}, x.options());
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  dispatch_float(x.scalar_type(), "quant_gemm", [&](auto tag) {
+    using scalar_t = decltype(tag);
+    dequantize_blocks<scalar_t>(p, w.data_ptr<scalar_t>());
+  });
+#endif
+  at::Tensor y = at::mm(x, w.t());
+  if (bias) y.add_(*bias);
+  if (residual) y.add_(*residual);
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
   m.def(
       "quant_gemv(Tensor x, Tensor codes, Tensor? scale_zero, Tensor? scale, int out_features, "
+      "Tensor? bias, Tensor? residual) -> Tensor");
+  m.def(
+      "quant_gemm(Tensor x, Tensor codes, Tensor? scale_zero, Tensor? scale, int out_features, "
       "Tensor? bias, Tensor? residual) -> Tensor");
   m.def(
       "quant_dequantize(Tensor codes, Tensor? scale_zero, Tensor? scale, int out_features, "
@@ -384,5 +456,6 @@ TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
 
 TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) {
   m.impl("quant_gemv", &quant_gemv);
+  m.impl("quant_gemm", &quant_gemm);
   m.impl("quant_dequantize", &quant_dequantize);
 }
