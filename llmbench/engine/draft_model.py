@@ -59,6 +59,7 @@ def truncated(model: LlamaModel, num_layers: int) -> LlamaModel:
     draft = copy.copy(model)
     draft.config = dataclasses.replace(model.config, num_layers=num_layers)
     draft.layers = model.layers[:num_layers]
+    draft.plan_fused_layers()
     return draft
 
 

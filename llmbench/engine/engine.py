@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmbench.engine import huge_pages
+from llmbench.engine import huge_pages, spans
 from llmbench.engine.checkpoint import check_tensors
 from llmbench.engine.cuda_graphs import decode_graphs_for
 from llmbench.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -42,6 +42,7 @@ from llmbench.engine.runner import ModelRunner
 from llmbench.engine.sampling import SamplingParams, check_stop, make_generator
 from llmbench.engine.scheduler import Scheduler, SchedulerConfig
 from llmbench.engine.sequence import Sequence
+from llmbench.engine.spans import span
 from llmbench.engine.speculative import SpeculativeConfig
 from llmbench.engine.weights import open_weights
 from llmbench.errors import UserError
@@ -361,7 +362,8 @@ class LLMEngine:
             self.moe_offload.take_step()  # what `score` fetched between steps is no step's
         drafted = self._propose()
         draft_ns = time.perf_counter_ns() - t_start if self.proposer is not None else 0
-        plan = self.scheduler.schedule()
+        with span(spans.SCHEDULE):
+            plan = self.scheduler.schedule()
         self.num_prompt_tokens_admitted += plan.num_prompt_tokens_admitted
         self.num_cached_tokens_admitted += plan.num_cached_tokens
         if not plan.scheduled:
@@ -377,67 +379,73 @@ class LLMEngine:
         )
         new_tokens = iter(self.runner.execute(plan.scheduled))
         t_end = time.perf_counter_ns()  # tokens are on the host: the step is done
-        routing = self.model.last_routing  # per MoE layer (empty for a dense model)
-        link_bytes, link_s = (
-            self.moe_offload.take_step() if self.moe_offload is not None else (0, 0.0)
-        )
-        if self.expert_stats is not None:
-            self.expert_stats.add_step(
-                routing,
-                [it.num_new_tokens for it in plan.scheduled],
-                [it.seq.num_computed_tokens < it.seq.num_prompt_tokens for it in plan.scheduled],
+        with span(spans.OUTPUTS):
+            routing = self.model.last_routing  # per MoE layer (empty for a dense model)
+            link_bytes, link_s = (
+                self.moe_offload.take_step() if self.moe_offload is not None else (0, 0.0)
             )
-        num_decode_seqs = num_verify_seqs = num_proposed = num_accepted = 0
-        for item in plan.scheduled:
-            seq = item.seq
-            num_drafts = len(item.spec_token_ids)
-            num_known = item.num_new_tokens - num_drafts  # the sequence's own tokens run
-            num_decode_seqs += num_known == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
-            if not seq.first_scheduled_ns:
-                seq.first_scheduled_ns = t_start
-            needs_token = item.needs_logits  # read before the counter moves
-            seq.num_computed_tokens += num_known
-            if not needs_token:
-                self.blocks.cache_full_blocks(
-                    seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.prefix_ids
+            if self.expert_stats is not None:
+                self.expert_stats.add_step(
+                    routing,
+                    [it.num_new_tokens for it in plan.scheduled],
+                    [
+                        it.seq.num_computed_tokens < it.seq.num_prompt_tokens
+                        for it in plan.scheduled
+                    ],
                 )
-                continue
-            tokens = next(new_tokens)
-            if num_drafts:
-                num_verify_seqs += 1
-                num_proposed += num_drafts
-                num_accepted += len(tokens) - 1
-                seq.num_proposed_tokens += num_drafts
-                seq.num_accepted_tokens += len(tokens) - 1
-            outputs.append(self._append_tokens(seq, tokens, t_end))
-        for seq in drafted:
-            seq.spec_token_ids, seq.spec_probs = [], None
-            # Slots of rejected (or never verified) drafts lie past the computed count already;
-            # give back the blocks that only they used.
-            self.blocks.free_tail(seq.block_table, seq.num_tokens)
-        record = StepRecord(
-            t_start_ns=t_start,
-            t_end_ns=t_end,
-            num_prefill_tokens=num_prefill_tokens,
-            num_decode_seqs=num_decode_seqs,
-            context_lens=context_lens,
-            query_lens=tuple(item.num_new_tokens for item in plan.scheduled),
-            num_cached_tokens=plan.num_cached_tokens,
-            num_blocks_used=self.blocks.num_used_blocks,
-            num_blocks_total=self.blocks.num_blocks,
-            num_preempted=plan.num_preempted,
-            num_waiting=len(self.scheduler.waiting),
-            num_proposed_tokens=num_proposed,
-            num_accepted_tokens=num_accepted,
-            num_verify_seqs=num_verify_seqs,
-            draft_ns=draft_ns,
-            draft_passes=self.proposer.draft_passes if drafted else (),
-            experts_touched=tuple(r.num_experts_touched for r in routing),
-            expert_load_max_over_mean=mean_load_max_over_mean(routing),
-            link_bytes=link_bytes,
-            link_s_simulated=link_s,
-        )
-        self.step_records.append(record)
+            num_decode_seqs = num_verify_seqs = num_proposed = num_accepted = 0
+            for item in plan.scheduled:
+                seq = item.seq
+                num_drafts = len(item.spec_token_ids)
+                num_known = item.num_new_tokens - num_drafts  # the sequence's own tokens run
+                num_decode_seqs += (
+                    num_known == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+                )
+                if not seq.first_scheduled_ns:
+                    seq.first_scheduled_ns = t_start
+                needs_token = item.needs_logits  # read before the counter moves
+                seq.num_computed_tokens += num_known
+                if not needs_token:
+                    self.blocks.cache_full_blocks(
+                        seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.prefix_ids
+                    )
+                    continue
+                tokens = next(new_tokens)
+                if num_drafts:
+                    num_verify_seqs += 1
+                    num_proposed += num_drafts
+                    num_accepted += len(tokens) - 1
+                    seq.num_proposed_tokens += num_drafts
+                    seq.num_accepted_tokens += len(tokens) - 1
+                outputs.append(self._append_tokens(seq, tokens, t_end))
+            for seq in drafted:
+                seq.spec_token_ids, seq.spec_probs = [], None
+                # Slots of rejected (or never verified) drafts lie past the computed count already;
+                # give back the blocks that only they used.
+                self.blocks.free_tail(seq.block_table, seq.num_tokens)
+            record = StepRecord(
+                t_start_ns=t_start,
+                t_end_ns=t_end,
+                num_prefill_tokens=num_prefill_tokens,
+                num_decode_seqs=num_decode_seqs,
+                context_lens=context_lens,
+                query_lens=tuple(item.num_new_tokens for item in plan.scheduled),
+                num_cached_tokens=plan.num_cached_tokens,
+                num_blocks_used=self.blocks.num_used_blocks,
+                num_blocks_total=self.blocks.num_blocks,
+                num_preempted=plan.num_preempted,
+                num_waiting=len(self.scheduler.waiting),
+                num_proposed_tokens=num_proposed,
+                num_accepted_tokens=num_accepted,
+                num_verify_seqs=num_verify_seqs,
+                draft_ns=draft_ns,
+                draft_passes=self.proposer.draft_passes if drafted else (),
+                experts_touched=tuple(r.num_experts_touched for r in routing),
+                expert_load_max_over_mean=mean_load_max_over_mean(routing),
+                link_bytes=link_bytes,
+                link_s_simulated=link_s,
+            )
+            self.step_records.append(record)
         if self.on_step is not None:
             self.on_step(record)
         return outputs

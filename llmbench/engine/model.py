@@ -90,6 +90,34 @@ def _fused_weights(layer: _Layer) -> tuple[list[torch.Tensor], ...]:
     )
 
 
+def _stacked_layers(
+    layers: list[_Layer],
+    fused_rows: list[int],
+    fused_weights: list[tuple | None],
+    fast_rows: list[int | None],
+) -> tuple | None:
+    """`decode_layers`' per-layer arguments (input norms, qkv weights, qkv biases, o weights,
+    post-attention norms, gate_up weights, down weights: each weight list the layers' [W] or
+    [codes, scales] one after another) when every layer is fused, with matmuls of one kind and
+    one row limit; else None."""
+    if not layers or any(rows != FUSED_MAX_ROWS for rows in fused_rows):
+        return None
+    if len({tuple(len(w) for w in weights) for weights in fused_weights}) != 1:
+        return None
+    if len(set(fast_rows)) != 1:
+        return None
+    matmuls = [[t for weights in fused_weights for t in weights[j]] for j in range(4)]
+    return (
+        [layer.input_norm for layer in layers],
+        matmuls[0],
+        [layer.qkv_proj.bias for layer in layers],
+        matmuls[1],
+        [layer.post_attention_norm for layer in layers],
+        matmuls[2],
+        matmuls[3],
+    )
+
+
 def held_tensors(part: object) -> Iterator[torch.Tensor]:
     """The tensors a model part holds: a tensor, or a dataclass / tuple / list of parts (a
     layer; a matmul: its weight, or codes, scales and zero points, and bias; an MoE block)."""
@@ -241,19 +269,28 @@ class LlamaModel:
             self.kernels_name = f"C++ extension ({backend.isa})"
         else:
             self.kernels_name = "torch ops"
-        # Per layer: up to how many rows `CpuLayerOps.decode_layer` runs it (0: never), while
-        # `fuse_decode_layers` (off: every layer op by op, as the tests compare the two); its
-        # matmuls as that call takes them, and up to how many rows they run the extension's.
+        self.fuse_decode_layers = True  # off: every layer op by op, as the tests compare
+        self.plan_fused_layers()
+        self.kernels_description = kernel_ops.describe(dispatch)  # for the run's provenance
+        # What each MoE layer routed in the latest forward, in layer order (empty when dense).
+        self.last_routing: list[Routing] = []
+
+    def plan_fused_layers(self) -> None:
+        """What the C++ extension runs of a decode step, from `self.layers` (again after they
+        change: a draft that keeps the first layers). Per layer: up to how many rows
+        `CpuLayerOps.decode_layer` runs it (0: never), its matmuls as that call takes them, and
+        up to how many rows they run the extension's; and, every layer fused alike (a dense
+        model), their arguments for `decode_layers`, which runs the whole stack in one call
+        (else None: one call a layer)."""
         self._fused_rows = [_fused_rows(layer) if self.cpu_ops else 0 for layer in self.layers]
         self._fused_weights = [
             _fused_weights(layer) if rows else None
             for layer, rows in zip(self.layers, self._fused_rows, strict=True)
         ]
         self._fast_rows = [_fast_rows(layer.qkv_proj) for layer in self.layers]
-        self.fuse_decode_layers = True
-        self.kernels_description = kernel_ops.describe(dispatch)  # for the run's provenance
-        # What each MoE layer routed in the latest forward, in layer order (empty when dense).
-        self.last_routing: list[Routing] = []
+        self._stacked_layers = _stacked_layers(
+            self.layers, self._fused_rows, self._fused_weights, self._fast_rows
+        )
 
     @property
     def weight_bytes(self) -> dict[str, int]:
@@ -346,6 +383,19 @@ class LlamaModel:
         fused = self._fused_decode_args(batch, kv_cache) if is_fused else None
         with _gemv_backend(self.device, self.dtype, num_tokens):
             x = F.embedding(input_ids, self.embed_tokens)  # [T, h]
+            stacked = self._stacked_layers
+            if fused is not None and stacked is not None and num_tokens <= FUSED_MAX_ROWS:
+                return cpu.decode_layers(
+                    x,
+                    *stacked,
+                    cfg.intermediate_size,
+                    cfg.rms_norm_eps,
+                    positions,
+                    cos_sin,
+                    kv_cache.layers[: len(self.layers)],  # a draft's: the target's first
+                    *fused,
+                    self._fast_rows[0],
+                )
             for i, layer in enumerate(self.layers):
                 if fused is not None and num_tokens <= self._fused_rows[i]:
                     qkv_w, o_w, gate_up_w, down_w = self._fused_weights[i]

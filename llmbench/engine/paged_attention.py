@@ -70,6 +70,11 @@ class KVCache:
         return self._layers[i]
 
     @property
+    def layers(self) -> list[torch.Tensor | SplitLayer]:
+        """Every layer's cache, in order (`layer(i)` for each i)."""
+        return self._layers
+
+    @property
     def num_bytes(self) -> int:
         if self.kv is not None:
             return self.kv.numel() * self.kv.element_size()

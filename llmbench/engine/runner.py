@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from llmbench.engine import spans
 from llmbench.engine.cuda_graphs import DecodeGraphs, DecodeRow
 from llmbench.engine.host_to_device import to_device
 from llmbench.engine.model import LlamaModel
 from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batch
 from llmbench.engine.sampling import sample
 from llmbench.engine.scheduler import ScheduledSeq
+from llmbench.engine.spans import span
 from llmbench.engine.verification import verify
 
 
@@ -50,24 +52,25 @@ class ModelRunner:
             rows = decode_rows(batch)
             if rows is not None and self.decode_graphs.can_run(rows):
                 return self._sample(self.decode_graphs.run(rows), batch)
-        input_ids: list[int] = []
-        positions: list[int] = []
-        chunks: list[Chunk] = []
-        logit_rows: list[int] = []
-        for item in batch:
-            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
-            num_drafts = len(item.spec_token_ids)
-            chunks.append(Chunk(start, n, seq.block_table))
-            input_ids += seq.token_ids[start : start + n - num_drafts]
-            input_ids += item.spec_token_ids  # verified after the last token, k + 1 rows
-            positions += range(start, start + n)
-            if item.needs_logits:
-                logit_rows += range(len(input_ids) - 1 - num_drafts, len(input_ids))
-        attention = build_attention_batch(
-            chunks, self.kv_cache.block_size, self.device, self.model.dtype
-        )
-        ids = to_device(input_ids, self.device, torch.long)
-        pos = to_device(positions, self.device, torch.long)
+        with span(spans.INPUTS):
+            input_ids: list[int] = []
+            positions: list[int] = []
+            chunks: list[Chunk] = []
+            logit_rows: list[int] = []
+            for item in batch:
+                seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
+                num_drafts = len(item.spec_token_ids)
+                chunks.append(Chunk(start, n, seq.block_table))
+                input_ids += seq.token_ids[start : start + n - num_drafts]
+                input_ids += item.spec_token_ids  # verified after the last token, k + 1 rows
+                positions += range(start, start + n)
+                if item.needs_logits:
+                    logit_rows += range(len(input_ids) - 1 - num_drafts, len(input_ids))
+            attention = build_attention_batch(
+                chunks, self.kv_cache.block_size, self.device, self.model.dtype
+            )
+            ids = to_device(input_ids, self.device, torch.long)
+            pos = to_device(positions, self.device, torch.long)
         hidden = self.model.forward(ids, pos, attention, self.kv_cache)
         if not logit_rows:
             return []
@@ -80,12 +83,13 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, batch: list[ScheduledSeq]) -> list[list[int]]:
         """logits [N, V]: one row per sequence that needs logits (with its drafts' rows) → its
         new tokens on the host (the step's one device→host read)."""
-        needing = [item for item in batch if item.needs_logits]
-        if any(item.spec_token_ids for item in needing):
-            return verify(logits, needing)
-        sampled = [item.seq for item in needing]
-        tokens = sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
-        return [[token] for token in tokens.tolist()]
+        with span(spans.SAMPLING):
+            needing = [item for item in batch if item.needs_logits]
+            if any(item.spec_token_ids for item in needing):
+                return verify(logits, needing)
+            sampled = [item.seq for item in needing]
+            tokens = sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
+            return [[token] for token in tokens.tolist()]
 
     def score(
         self, token_ids: list[int], block_table: list[int], max_chunk_tokens: int

@@ -124,8 +124,10 @@ class CpuLayerOps:
     silu_and_mul: Callable[..., torch.Tensor]
     paged_decode_attention: Callable[..., torch.Tensor]
     # A whole dense layer of a decode step (`csrc/decode_layer.cpp`): the model's ops in its
-    # order, the matmuls through the library's `gemv` or `quant_gemv`; see `LlamaModel.forward`.
+    # order, the matmuls through the library's `gemv` or `quant_gemv` (`quant_gemm` above its
+    # rows); see `LlamaModel.forward`. `decode_layers`: every layer of the model in one call.
     decode_layer: Callable[..., torch.Tensor]
+    decode_layers: Callable[..., torch.Tensor]
 
     @classmethod
     def of(cls, backend: CpuExtension) -> CpuLayerOps:
@@ -135,4 +137,5 @@ class CpuLayerOps:
             backend.op("silu_and_mul"),
             backend.op(DECODE_ATTENTION_OP),
             backend.op("decode_layer"),
+            backend.op("decode_layers"),
         )

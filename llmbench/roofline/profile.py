@@ -249,8 +249,9 @@ def _run_point(
     return steps, unprofiled
 
 
-# The C++ extension's fused decode layer ("<namespace>::decode_layer"), which `_profiled` opens.
-FUSED_LAYER = "::decode_layer"
+# The C++ extension's fused decode layer and stack of layers ("<namespace>::decode_layer",
+# "<namespace>::decode_layers"), which `_profiled` opens: their ops are their children.
+FUSED_LAYERS = ("::decode_layer", "::decode_layers")
 
 
 def _timed_step(engine) -> int:
@@ -282,11 +283,11 @@ def _profiled(engine, num_steps: int, before_each: Callable[[], None]) -> list[P
             children[parent.id].append(event)
     steps = []
     for scope, record in zip(scopes, records, strict=True):
-        # A decode layer fused into one C++ call (`decode_layer`) is its ops, in order: they
-        # go through the dispatcher, so the profiler records each inside it.
+        # Decode layers fused into one C++ call (`decode_layer`, `decode_layers`) are their
+        # ops, in order: they go through the dispatcher, so the profiler records each inside.
         top = []
         for event in sorted(children[scope.id], key=lambda e: e.time_range.start):
-            fused = event.name.endswith(FUSED_LAYER)
+            fused = event.name.endswith(FUSED_LAYERS)
             top += (
                 sorted(event.cpu_children, key=lambda e: e.time_range.start) if fused else [event]
             )

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # type hints only: torch-free
 # The ops of one step, in forward order: what `profile_ops.classify` names each profiler
 # event, and the rows of `llmbench profile`'s table.
 OPS = (
+    "schedule",  # the scheduler's plan for the step
     "inputs",  # the step's token ids, positions, KV slots, block tables, RoPE rotations
     "embedding",
     "rms_norm",
@@ -40,6 +41,7 @@ OPS = (
     "down_proj",
     "lm_head",
     "sampling",  # logits to float32, the sampler, the tokens to the host
+    "outputs",  # the new tokens appended to their sequences, stops checked, the step recorded
 )
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 

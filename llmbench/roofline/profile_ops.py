@@ -9,7 +9,9 @@ every layer in the same order (model.py's forward), so a few anchors place every
   [in, out] (`linear_names`): qkv_proj, o_proj, gate_up_proj, down_proj, and the lm_head once
   every layer's down_proj has run;
 - `aten::embedding`, `aten::rms_norm`, `aten::index_copy_` (the K/V write), `aten::silu`,
-  `aten::scaled_dot_product_attention` name themselves;
+  `aten::scaled_dot_product_attention` name themselves, and so do the spans the engine opens
+  around its host work (`engine.spans`: the scheduler, the step's inputs, sampling, the new
+  tokens taken in), each span's Python and ops together;
 - every other event (views, slices, casts, the RoPE complex multiply, the K/V gather) belongs to
   the region the last anchor opened: after qkv_proj RoPE, after the K/V write attention, after
   gate_up_proj SiLU·mul, after the lm_head sampling, before the embedding the step's inputs.
@@ -21,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from llmbench.engine import spans
 
 if TYPE_CHECKING:  # type hints only: torch-free
     from llmbench.engine.config import ModelConfig
@@ -53,6 +57,10 @@ REGION_AFTER = {
     "lm_head": "sampling",
 }
 NAMED = {
+    spans.SCHEDULE: "schedule",
+    spans.INPUTS: "inputs",
+    spans.SAMPLING: "sampling",
+    spans.OUTPUTS: "outputs",
     "aten::embedding": "embedding",
     "aten::rms_norm": "rms_norm",
     "aten::index_copy_": "kv_write",

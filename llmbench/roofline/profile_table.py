@@ -52,7 +52,7 @@ def point_lines(point: dict[str, Any]) -> list[str]:
     )
     lines.append(
         f"{'unattributed':<14}{'':>7}{point['unattributed_ms']:>9.3f}"
-        f"{point['unattributed_ms'] / step_ms:>7.1%}  (Python, dispatch, scheduling)"
+        f"{point['unattributed_ms'] / step_ms:>7.1%}  (Python, dispatch, the profiler's own)"
     )
     lines.append(
         f"step: {step_ms:.2f} ms under the profiler ({point['step_ms_unprofiled']:.2f} ms "

@@ -27,16 +27,24 @@ NUM_DECODE_STEPS = 8
 
 
 def _logits(
-    folder, dtype: torch.dtype, prompt: list[int], fuse: bool = True, quantize: str | None = None
+    folder,
+    dtype: torch.dtype,
+    prompt: list[int],
+    fuse: bool = True,
+    quantize: str | None = None,
+    stacked: bool = True,
 ) -> tuple[LlamaModel, list[torch.Tensor]]:
     """Prefill `prompt`, then decode greedily; the float32 logits of every step. `fuse`: decode
-    steps run each dense layer as one C++ call where the model can; `quantize`: the weights'
-    scheme (None: as loaded)."""
+    steps run the dense layers in C++ where the model can, `stacked` all in one call
+    (`decode_layers`), else one call a layer (`decode_layer`); `quantize`: the weights' scheme
+    (None: as loaded)."""
     source = HFFolderSource(folder)
     cfg = source.config
     scheme = parse_quantize(quantize) if quantize else None
     model = LlamaModel(cfg, source.load(dtype, torch.device("cpu")), scheme)
     model.fuse_decode_layers = fuse
+    if not stacked:
+        model._stacked_layers = None
     cache = KVCache(
         cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, dtype, torch.device("cpu")
     )
@@ -95,9 +103,11 @@ def test_a_fused_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, variant, dty
     fused_model, fused = _logits(folder, dtype, prompt, fuse=True)
     assert fused_model._fused_rows == [FUSED_MAX_ROWS] * 2
     assert fused_model.layers[0].qkv_proj.max_fast_rows == cpu_gemv.max_rows(dtype)
+    assert fused_model._stacked_layers is not None
     _, op_by_op = _logits(folder, dtype, prompt, fuse=False)
-    for step, (a, b) in enumerate(zip(fused, op_by_op, strict=True)):
-        assert torch.equal(a, b), f"step {step}"
+    _, layer_by_layer = _logits(folder, dtype, prompt, stacked=False)
+    for step, (a, b, c) in enumerate(zip(fused, op_by_op, layer_by_layer, strict=True)):
+        assert torch.equal(a, b) and torch.equal(a, c), f"step {step}"
 
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
@@ -115,16 +125,18 @@ def test_a_fused_quantized_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, qu
         assert torch.equal(a, b), f"step {step}"
 
 
-@pytest.mark.parametrize("num_seqs", [3, 20])  # 20 rows: above every CPU's gemv rows
-def test_a_fused_decode_step_of_several_sequences_matches_op_by_op(tmp_path, num_seqs):
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+@pytest.mark.parametrize("num_seqs", [3, 20])  # 20 rows: above every CPU's gemv and VNNI rows
+def test_a_fused_decode_step_of_several_sequences_matches_op_by_op(tmp_path, num_seqs, quantize):
     folder = write_tiny_checkpoint(tmp_path, arch="qwen2")  # with a qkv bias
     source = HFFolderSource(folder)
     cfg = source.config
-    model = LlamaModel(cfg, source.load(torch.bfloat16, torch.device("cpu")))
+    scheme = parse_quantize(quantize) if quantize else None
+    model = LlamaModel(cfg, source.load(torch.bfloat16, torch.device("cpu")), scheme)
     calls = []
-    fused_op = model.cpu_ops.decode_layer
+    fused_op = model.cpu_ops.decode_layers
     model.cpu_ops = dataclasses.replace(
-        model.cpu_ops, decode_layer=lambda *args: calls.append(1) or fused_op(*args)
+        model.cpu_ops, decode_layers=lambda *args: calls.append(1) or fused_op(*args)
     )
     # Contexts after this step (5 .. 43 tokens), each sequence in its own 3 blocks of 16.
     lens = [5 + 2 * i for i in range(num_seqs)]
@@ -147,7 +159,7 @@ def test_a_fused_decode_step_of_several_sequences_matches_op_by_op(tmp_path, num
         ids, positions = torch.arange(7, 7 + num_seqs), torch.tensor([n - 1 for n in lens])
         outs.append((model.forward(ids, positions, batch, cache), cache.kv.clone()))
     (hidden_fused, kv_fused), (hidden, kv) = outs
-    assert len(calls) == cfg.num_layers  # the fused step ran every layer as one call
+    assert len(calls) == 1  # the fused step ran the whole stack of layers as one call
     assert torch.equal(hidden_fused, hidden) and torch.equal(kv_fused, kv)
 
 

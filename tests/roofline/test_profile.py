@@ -114,7 +114,7 @@ def test_the_table_has_a_row_per_op_and_the_remainder(result):
     rows = [line.split()[0] for line in profile_table.point_lines(point)[2:]]
     assert rows[: len(OPS)] == list(OPS)
     assert rows[len(OPS) : len(OPS) + 2] == ["attributed", "unattributed"]
-    assert "(Python, dispatch, scheduling)" in text
+    assert "(Python, dispatch, the profiler's own)" in text
     assert text.startswith(f"synthetic:tiny {result['dtype']}, {result['phase']}, 2 steps")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from llmbench.engine import spans
 from llmbench.engine.presets import PRESETS
 from llmbench.roofline.profile_ops import OpEvent, classify
 
@@ -96,3 +97,17 @@ def test_linear_takes_its_weight_out_by_in():
 def test_an_unknown_matmul_belongs_to_the_region_it_runs_in():
     events = [ev("aten::mm", (2, 64), (64, 128)), ev("aten::mm", (6, 8), (8, 3))]
     assert classify(events, TINY) == ["qkv_proj", "rope"]
+
+
+def test_the_engines_spans_name_its_host_work():
+    """The spans the engine opens around its host work (`engine.spans`) are ops of their own,
+    whatever ran before them; the ops around them are named as without them."""
+    events, expected = zip(*step(), strict=True)
+    events = [
+        ev(spans.SCHEDULE),
+        ev(spans.INPUTS),
+        *events,
+        ev(spans.SAMPLING),
+        ev(spans.OUTPUTS),
+    ]
+    assert classify(events, TINY) == ["schedule", "inputs", *expected, "sampling", "outputs"]

@@ -1,5 +1,6 @@
-// One dense decoder layer of a decode step in one call: the same ops, in the same order, as the
-// model's Python forward (so the same numbers, bit for bit), without the Python between them.
+// One dense decoder layer of a decode step in one call (decode_layer), or every layer of the
+// model in one (decode_layers): the same ops, in the same order, as the model's Python forward
+// (so the same numbers, bit for bit), without the Python between them.
 //
 //   h = rms_norm(x) · qkv = h @ Wqkv^T (+ b) · RoPE on q, k · K/V written to their slots ·
 //   paged decode attention · x += attn @ Wo^T · h = rms_norm(x) · gu = h @ Wgu^T ·
@@ -15,6 +16,7 @@
 // layouts (int4: uint8 codes and float16 scale_zero; int8: int8 codes and float32 scale).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #ifndef LLMBENCH_EXTENSION_NAMESPACE
@@ -50,20 +52,21 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes, const OptTen
   return f.call(x, codes, scale_zero, scale, out_features, bias, residual);
 }
 
-at::Tensor quant_dequantize(const at::Tensor& codes, const OptTensor& scale_zero,
-                            const OptTensor& scale, int64_t out_features, int64_t in_features,
-                            at::ScalarType dtype) {
-  static auto f = op("quant_dequantize")
-                      .typed<at::Tensor(const at::Tensor&, const OptTensor&, const OptTensor&,
-                                        int64_t, int64_t, at::ScalarType)>();
-  return f.call(codes, scale_zero, scale, out_features, in_features, dtype);
+at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& codes, const OptTensor& scale_zero,
+                      const OptTensor& scale, int64_t out_features, const OptTensor& bias,
+                      const OptTensor& residual) {
+  static auto f = op("quant_gemm")
+                      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                        const OptTensor&, int64_t, const OptTensor&,
+                                        const OptTensor&)>();
+  return f.call(x, codes, scale_zero, scale, out_features, bias, residual);
 }
 
 // x @ W^T (+ bias) (+ residual) → [M, out_features] for a weight list (above), as the engine's
 // layers compute it outside this call: up to `fast_max_rows` rows through the library's
 // `gemv` (float W) or `quant_gemv` (codes); above, torch's matmul (oneDNN: on a CPU with AMX,
-// its tiles), exactly as `engine.linear.Linear` calls it, or on the codes dequantised by the
-// library, exactly as `quant.linear.VnniLinear` does.
+// its tiles), exactly as `engine.linear.Linear` calls it, or the library's weight-only
+// `quant_gemm` on the codes, exactly as `quant.linear.VnniLinear` does.
 at::Tensor linear(const at::Tensor& x, at::TensorList w, int64_t out_features,
                   const OptTensor& bias, const OptTensor& residual, int64_t fast_max_rows) {
   TORCH_CHECK(w.size() == 1 || w.size() == 2,
@@ -81,12 +84,7 @@ at::Tensor linear(const at::Tensor& x, at::TensorList w, int64_t out_features,
   const OptTensor scale_zero = is_int4 ? OptTensor(w[1]) : c10::nullopt;
   const OptTensor scale = is_int4 ? c10::nullopt : OptTensor(w[1]);
   if (is_fast) return quant_gemv(x, w[0], scale_zero, scale, out_features, bias, residual);
-  at::Tensor weight =
-      quant_dequantize(w[0], scale_zero, scale, out_features, x.size(1), x.scalar_type());
-  at::Tensor y = at::mm(x, weight.t());
-  if (bias) y.add_(*bias);
-  if (residual) y.add_(*residual);
-  return y;
+  return quant_gemm(x, w[0], scale_zero, scale, out_features, bias, residual);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
@@ -141,16 +139,64 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
   at::Tensor h = rms_norm(x, input_norm, eps);
   const int64_t most = fast_max_rows;
   at::Tensor qkv = linear(h, qkv_weight, qkv_size, qkv_bias, c10::nullopt, most);  // [B, qkv]
-  rope(qkv.narrow(1, 0, qk_size), positions, cos_sin, head_dim);
-  at::Tensor q = qkv.narrow(1, 0, q_size).view({rows, num_heads, head_dim});
-  write_kv(kv, qkv.narrow(1, q_size, qkv_size - q_size), slot_mapping);
-  at::Tensor attn = attention(q, kv.select(1, 0), kv.select(1, 1), block_tables, context_lens,
-                              block_size, scale, max_context_len);
-  at::Tensor out = linear(attn.view({rows, q_size}), o_weight, hidden, c10::nullopt, x, most);
+  // Views of qkv and the cache, made without profiler events: a view costs well under a
+  // microsecond, its event more (`llmbench profile` would count that as the layer's time).
+  at::Tensor qk, q, fresh_kv, k_cache, v_cache;
+  {
+    at::DisableRecordFunctionGuard no_events;
+    qk = qkv.narrow(1, 0, qk_size);
+    q = qkv.narrow(1, 0, q_size).view({rows, num_heads, head_dim});
+    fresh_kv = qkv.narrow(1, q_size, qkv_size - q_size);
+    k_cache = kv.select(1, 0);
+    v_cache = kv.select(1, 1);
+  }
+  rope(qk, positions, cos_sin, head_dim);
+  write_kv(kv, fresh_kv, slot_mapping);
+  at::Tensor attn = attention(q, k_cache, v_cache, block_tables, context_lens, block_size, scale,
+                              max_context_len);
+  {
+    at::DisableRecordFunctionGuard no_events;
+    attn = attn.view({rows, q_size});
+  }
+  at::Tensor out = linear(attn, o_weight, hidden, c10::nullopt, x, most);
   h = rms_norm(out, post_norm, eps);
   const int64_t inter = intermediate_size;
   at::Tensor gate_up = linear(h, gate_up_weight, 2 * inter, c10::nullopt, c10::nullopt, most);
   return linear(silu_and_mul(gate_up), down_weight, hidden, c10::nullopt, out, most);
+}
+
+// Every layer of a dense model in one call: decode_layer for each in turn (a C++ call, not
+// through the dispatcher: the profiler sees each layer's ops directly inside this op). Layer i's
+// matmul weights are entries i·n .. i·n + n − 1 of each weight list (n = 1: [W]; 2: [codes,
+// scales]), kv[i] its cache. One call a step from Python instead of one a layer: each call
+// parses ~20 arguments, 10-20 µs, 30 times a step for SmolLM2.
+at::Tensor decode_layers(const at::Tensor& x, at::TensorList input_norms,
+                         at::TensorList qkv_weights, const c10::List<OptTensor>& qkv_biases,
+                         at::TensorList o_weights, at::TensorList post_norms,
+                         at::TensorList gate_up_weights, at::TensorList down_weights,
+                         int64_t intermediate_size, double eps, const at::Tensor& positions,
+                         const at::Tensor& cos_sin, at::TensorList kv,
+                         const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& context_lens, int64_t block_size, double scale,
+                         int64_t max_context_len, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t head_dim, int64_t fast_max_rows) {
+  const int64_t layers = static_cast<int64_t>(input_norms.size());
+  const int64_t n = layers ? static_cast<int64_t>(qkv_weights.size()) / layers : 0;
+  TORCH_CHECK(layers > 0 && (n == 1 || n == 2) && static_cast<int64_t>(post_norms.size()) == layers &&
+                  static_cast<int64_t>(kv.size()) == layers &&
+                  static_cast<int64_t>(qkv_biases.size()) == layers,
+              "decode_layers: give one norm, bias and cache a layer and 1 or 2 weights a matmul");
+  for (const at::TensorList w : {qkv_weights, o_weights, gate_up_weights, down_weights})
+    TORCH_CHECK(static_cast<int64_t>(w.size()) == n * layers,
+                "decode_layers: every weight list needs ", n * layers, " tensors, got ", w.size());
+  at::Tensor h = x;
+  for (int64_t i = 0; i < layers; ++i)
+    h = decode_layer(h, input_norms[i], qkv_weights.slice(i * n, n), qkv_biases.get(i),
+                     o_weights.slice(i * n, n), post_norms[i], gate_up_weights.slice(i * n, n),
+                     down_weights.slice(i * n, n), intermediate_size, eps, positions, cos_sin,
+                     kv[i], slot_mapping, block_tables, context_lens, block_size, scale,
+                     max_context_len, num_heads, num_kv_heads, head_dim, fast_max_rows);
+  return h;
 }
 
 }  // namespace
@@ -164,6 +210,16 @@ TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
       "Tensor block_tables, Tensor context_lens, int block_size, float scale, "
       "int max_context_len, int num_heads, int num_kv_heads, int head_dim, int fast_max_rows) "
       "-> Tensor");
+  m.def(
+      "decode_layers(Tensor x, Tensor[] input_norms, Tensor[] qkv_weights, Tensor?[] qkv_biases, "
+      "Tensor[] o_weights, Tensor[] post_norms, Tensor[] gate_up_weights, "
+      "Tensor[] down_weights, int intermediate_size, float eps, Tensor positions, "
+      "Tensor cos_sin, Tensor(a!)[] kv, Tensor slot_mapping, Tensor block_tables, "
+      "Tensor context_lens, int block_size, float scale, int max_context_len, int num_heads, "
+      "int num_kv_heads, int head_dim, int fast_max_rows) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) { m.impl("decode_layer", &decode_layer); }
+TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) {
+  m.impl("decode_layer", &decode_layer);
+  m.impl("decode_layers", &decode_layers);
+}
