@@ -135,8 +135,9 @@ def test_symmetric_int4_and_bias_and_residual(backend):
     torch.testing.assert_close(y.float(), expected.float(), rtol=2**-8, atol=0.02)
 
 
-# rows: one partial tile of 16, an odd number of tiles (the last pair has one), whole tiles
-@pytest.mark.parametrize("num_rows", [17, 40, 64])
+# rows: one partial tile of 16, an odd number of tiles (the last pair has one), whole tiles,
+# and more than 128 (every panel dequantised first, x taken 128 rows at a time)
+@pytest.mark.parametrize("num_rows", [17, 40, 64, 150])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):

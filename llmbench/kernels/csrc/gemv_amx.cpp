@@ -237,11 +237,17 @@ void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
                      const Epilogue& e) {
   const int64_t chunks = w.groups, m_chunks = (M + kTileRows - 1) / kTileRows;
   const int64_t panel_size = chunks * kTileElements;
-  // Two blocks' panels, 64-byte aligned (a tile row is one cache line).
-  std::vector<uint16_t> storage(2 * panel_size + 32);
-  uint16_t* panel0 = reinterpret_cast<uint16_t*>(
+  // Up to kMBlock chunks of x (128 rows), each pair of blocks is dequantised and met by every
+  // row at once, its two panels in L1/L2. With more rows x itself no longer stays in L2 (2,048
+  // rows of K = 576 are 2.4 MB) and would be read again for every pair, at the L3's speed
+  // (twice oneDNN's time at 2,048 rows): then every panel of this share is dequantised first,
+  // and x is taken kMBlock chunks at a time, each meeting every panel.
+  constexpr int64_t kMBlock = 8;
+  const bool all_first = m_chunks > kMBlock;
+  const int64_t num_panels = all_first ? block_end - block_begin : 2;
+  std::vector<uint16_t> storage(num_panels * panel_size + 32);
+  uint16_t* panels = reinterpret_cast<uint16_t*>(  // 64-byte aligned: a tile row a cache line
       (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~static_cast<uintptr_t>(63));
-  uint16_t* panel1 = panel0 + panel_size;
   const TileConfig config = full_tiles();
   _tile_loadconfig(&config);
   alignas(64) float tile[kTileRows * kTileRows];
@@ -265,13 +271,12 @@ void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
     else
       int8_panel(w, b, panel);
   };
-  for (int64_t b = block_begin; b < block_end; b += 2) {
-    const bool two_n = b + 1 < block_end;
+  // Blocks b (and b + 1 when two_n), panels p0 and p1, against chunks mc_begin .. mc_end of x.
+  auto multiply = [&](int64_t b, bool two_n, const uint16_t* p0, const uint16_t* p1,
+                      int64_t mc_begin, int64_t mc_end) {
     const int64_t n0 = b * kTileRows;
-    fill(b, panel0);
-    if (two_n) fill(b + 1, panel1);
-    for (int64_t mc = 0; mc < m_chunks; mc += 2) {
-      const bool two_m = mc + 1 < m_chunks;
+    for (int64_t mc = mc_begin; mc < mc_end; mc += 2) {
+      const bool two_m = mc + 1 < mc_end;
       const uint16_t* x0 = x + mc * kTileRows * x_row;
       const uint16_t* x1 = x0 + kTileRows * x_row;
       _tile_zero(0);
@@ -280,10 +285,10 @@ void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
       _tile_zero(3);
       for (int64_t c = 0; c < chunks; ++c) {  // tmm4, 5: x's A; tmm6, 7: the panels' B
         _tile_loadd(4, x0 + c * kTileK, 2 * x_row);
-        _tile_loadd(6, panel0 + c * kTileElements, 64);
+        _tile_loadd(6, p0 + c * kTileElements, 64);
         _tile_dpbf16ps(0, 4, 6);
         if (two_n) {
-          _tile_loadd(7, panel1 + c * kTileElements, 64);
+          _tile_loadd(7, p1 + c * kTileElements, 64);
           _tile_dpbf16ps(1, 4, 7);
         }
         if (two_m) {
@@ -307,6 +312,23 @@ void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
         }
       }
     }
+  };
+  if (!all_first) {
+    for (int64_t b = block_begin; b < block_end; b += 2) {
+      const bool two_n = b + 1 < block_end;
+      fill(b, panels);
+      if (two_n) fill(b + 1, panels + panel_size);
+      multiply(b, two_n, panels, panels + panel_size, 0, m_chunks);
+    }
+  } else {
+    for (int64_t b = block_begin; b < block_end; ++b)
+      fill(b, panels + (b - block_begin) * panel_size);
+    for (int64_t mc = 0; mc < m_chunks; mc += kMBlock)
+      for (int64_t b = block_begin; b < block_end; b += 2) {
+        const uint16_t* p0 = panels + (b - block_begin) * panel_size;
+        multiply(b, b + 1 < block_end, p0, p0 + panel_size, mc,
+                 std::min(mc + kMBlock, m_chunks));
+      }
   }
   _tile_release();
 }
