@@ -61,13 +61,21 @@ struct alignas(64) TileConfig {
 // Every tile 16 rows of 64 bytes. tmm0 .. tmm3: C of two blocks of W × two chunks of 16 rows of
 // x (float32); tmm4, tmm5: the blocks' A (16 n × 32 k); tmm6, tmm7: the chunks' B (16 pairs of
 // k × 16 rows of x, zeros past the last row). One configuration for any number of rows.
-TileConfig full_tiles() {
+TileConfig make_full_tiles() {
   TileConfig c;
   for (int t = 0; t < 8; ++t) {
     c.rows[t] = kTileRows;
     c.colsb[t] = 64;
   }
   return c;
+}
+
+// Loads that configuration on the calling thread. It lives in static memory: gcc does not see
+// LDTILECFG read its operand, and dropped the stores to a local copy about to go out of scope
+// (a function that only loaded it configured no tile: TILEZERO then raised SIGILL).
+void configure_full_tiles() {
+  static const TileConfig config = make_full_tiles();
+  _tile_loadconfig(&config);
 }
 
 }  // namespace
@@ -96,8 +104,7 @@ void gemm_bf16(const uint16_t* packed, const uint16_t* w, int64_t M, int64_t N, 
                int64_t n_begin, int64_t n_end, const Epilogue& e) {
   const int64_t chunks = K / kTileK, m_chunks = (M + kTileRows - 1) / kTileRows;
   const int64_t b_tile = kTileRows * kTileRows * 2;  // uint16 elements of one B tile
-  const TileConfig config = full_tiles();
-  _tile_loadconfig(&config);
+  configure_full_tiles();
   alignas(64) float tile[kTileRows * kTileRows];
   const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
                                                              5, 4, 3, 2, 1, 0),
@@ -248,8 +255,7 @@ void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
   std::vector<uint16_t> storage(num_panels * panel_size + 32);
   uint16_t* panels = reinterpret_cast<uint16_t*>(  // 64-byte aligned: a tile row a cache line
       (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~static_cast<uintptr_t>(63));
-  const TileConfig config = full_tiles();
-  _tile_loadconfig(&config);
+  configure_full_tiles();
   alignas(64) float tile[kTileRows * kTileRows];
   // A C tile [16 m][16 n] → rows m of y, columns n0 .. (those < N): bias, residual, one rounding.
   auto finish = [&](int64_t n0, int64_t mc) {
