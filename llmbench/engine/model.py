@@ -251,13 +251,16 @@ class LlamaModel:
         # The kernels layer's Triton ops (CUDA with Triton: `kernel_ops`), or None: torch ops.
         dispatch = kernel_ops.dispatch_for(self.device)
         # CPU without Triton: RMSNorm, RoPE and decode attention through the C++ extension
-        # when it is in use (`kernels.cpu_layer_ops`), decode-sized matmuls too (`Linear`).
+        # when it is in use (`kernels.cpu_layer_ops`), decode-sized matmuls too (`Linear`), and
+        # bfloat16 prefill attention where it has AMX tiles (`kernels.cpu_prefill_attention`).
         self.cpu_ops: CpuLayerOps | None = None
         if self.device.type == "cpu" and not dispatch.uses_triton:
             backend = kernel_ops.cpu_extension()
             ops = CPU_EXTENSION_OPS if backend.is_extension else ()
             if backend.is_extension:
-                self.cpu_ops = CpuLayerOps.of(backend)
+                self.cpu_ops = CpuLayerOps.of(backend, config.head_dim)
+                if self.cpu_ops.prefill_attention is not None and self.dtype == torch.bfloat16:
+                    ops = (*ops, "prefill_attention")
             dispatch = dataclasses.replace(
                 dispatch, cpu_extension=backend.describe(), cpu_extension_ops=ops
             )
@@ -374,6 +377,7 @@ class LlamaModel:
         rotations = None if kern or cpu else table[positions].unsqueeze(1)
         norm = kern.rms_norm if kern else cpu.rms_norm if cpu else rms_norm
         decode_op = cpu.paged_decode_attention if cpu else None
+        prefill_op = cpu.prefill_attention if cpu else None
         qk_size = cfg.q_size + cfg.kv_size
         self.last_routing = []
         # A step of one-token sequences on the C++ extension: each dense layer in one call
@@ -434,7 +438,7 @@ class LlamaModel:
                 attn = (  # [T, nh, d]
                     kern.attention(q, kv, cache, batch, step, self.scale)
                     if kern
-                    else paged_attention(q, kv, cache, batch, self.scale, decode_op)
+                    else paged_attention(q, kv, cache, batch, self.scale, decode_op, prefill_op)
                 )
                 x = layer.o_proj(attn.view(num_tokens, cfg.q_size), residual=x)
                 # MLP block (SwiGLU, or a mixture of SwiGLU experts).

@@ -292,6 +292,7 @@ def paged_attention(
     batch: AttentionBatch,
     scale: float,
     decode_op: Callable[..., torch.Tensor] | None = None,
+    prefill_op: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q: [T, nh, d]; kv: [T, 2, nkv, d] (this step's tokens) → attention output [T, nh, d].
 
@@ -303,7 +304,8 @@ def paged_attention(
 
     `decode_op` (the C++ extension's, with `kernels.decode_attention`'s arguments) attends the
     one-token sequences over a cache in the model's dtype straight from its blocks, with no
-    gather of their contexts.
+    gather of their contexts; `prefill_op` (the extension's `prefill_attention`, bfloat16 on
+    AMX tiles: `kernels.cpu_prefill_attention`) attends each prompt chunk instead of SDPA.
     """
     is_exact = isinstance(cache, torch.Tensor) and cache.dtype == kv.dtype
     if is_exact:
@@ -320,7 +322,7 @@ def paged_attention(
     out = torch.empty_like(q)
     for s in batch.prefills:
         out[s.query_start : s.query_start + s.query_len] = _prefill_attention(
-            q, kv if is_exact else None, cache, s, scale
+            q, kv if is_exact else None, cache, s, scale, prefill_op
         )
     if d is not None:
         out[d.rows] = _decode(q[d.rows], cache, d, scale, op)
@@ -369,9 +371,11 @@ def _prefill_attention(
     cache: torch.Tensor | SplitLayer,
     s: SeqSlice,
     scale: float,
+    prefill_op: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One sequence's query rows over its context, causal: → [L, nh, d]. `kv`: this step's
-    exact K/V when the cache holds them as they are (None: read the context from the cache)."""
+    exact K/V when the cache holds them as they are (None: read the context from the cache);
+    `prefill_op`: the extension's (bfloat16), else torch's SDPA."""
     rows = slice(s.query_start, s.query_start + s.query_len)
     is_causal = s.context_len == s.query_len
     mask = None
@@ -380,6 +384,8 @@ def _prefill_attention(
         keys, values = kv[rows, 0], kv[rows, 1]
     else:
         keys, values = _read(cache, s.kv_slots, q.dtype)  # [C, nkv, d] each
+    if prefill_op is not None and q.dtype == torch.bfloat16:
+        return prefill_op(q[rows], keys, values, scale, s.context_len - s.query_len)
     if not is_causal:
         # Query i sits at position C - L + i and may see keys 0 ..= that position.
         key_pos = torch.arange(s.context_len, device=q.device)

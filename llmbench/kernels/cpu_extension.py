@@ -55,6 +55,7 @@ SOURCES = tuple(
         "layer_ops.cpp",
         "decode_attention.cpp",
         "decode_layer.cpp",
+        "prefill_attention.cpp",
     )
 )
 HEADERS = tuple(sorted(CSRC.glob("*.h")))

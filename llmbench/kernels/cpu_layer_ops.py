@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmbench.kernels import cpu_prefill_attention
 from llmbench.kernels.checks import (
     CPU,
     FLOAT_DTYPES,
@@ -128,9 +129,13 @@ class CpuLayerOps:
     # rows); see `LlamaModel.forward`. `decode_layers`: every layer of the model in one call.
     decode_layer: Callable[..., torch.Tensor]
     decode_layers: Callable[..., torch.Tensor]
+    # A prompt chunk's causal attention on AMX tiles (`kernels.cpu_prefill_attention`), where
+    # the build has them and the model's head_dim fits; else None (torch's SDPA).
+    prefill_attention: Callable[..., torch.Tensor] | None = None
 
     @classmethod
-    def of(cls, backend: CpuExtension) -> CpuLayerOps:
+    def of(cls, backend: CpuExtension, head_dim: int) -> CpuLayerOps:
+        prefill = cpu_prefill_attention.available(backend, head_dim)
         return cls(
             backend.op("rms_norm"),
             backend.op("rope_"),
@@ -138,4 +143,5 @@ class CpuLayerOps:
             backend.op(DECODE_ATTENTION_OP),
             backend.op("decode_layer"),
             backend.op("decode_layers"),
+            backend.op(cpu_prefill_attention.OP) if prefill else None,
         )

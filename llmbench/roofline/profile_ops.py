@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmbench.engine import spans
-
 if TYPE_CHECKING:  # type hints only: torch-free
     from llmbench.engine.config import ModelConfig
 
@@ -43,6 +41,7 @@ EXTENSION_OPS = {
     "silu_and_mul": "silu_mul",
     "write_kv_": "kv_write",
     "paged_decode_attention": "attention",
+    "prefill_attention": "attention",
 }
 TRANSPOSES = ("aten::t", "aten::transpose", "aten::permute", "aten::numpy_T")
 # An anchor → the op that the events after it (until the next anchor) belong to.
@@ -57,10 +56,6 @@ REGION_AFTER = {
     "lm_head": "sampling",
 }
 NAMED = {
-    spans.SCHEDULE: "schedule",
-    spans.INPUTS: "inputs",
-    spans.SAMPLING: "sampling",
-    spans.OUTPUTS: "outputs",
     "aten::embedding": "embedding",
     "aten::rms_norm": "rms_norm",
     "aten::index_copy_": "kv_write",
@@ -103,6 +98,15 @@ def _weight_shape(event: OpEvent) -> tuple[int, int] | None:
 
 def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
     """The op (`profile_costs.OPS`) of each of a step's top-level events, in order."""
+    from llmbench.engine import spans  # torch-free: the names of the engine's host spans
+
+    named = {
+        **NAMED,
+        spans.SCHEDULE: "schedule",
+        spans.INPUTS: "inputs",
+        spans.SAMPLING: "sampling",
+        spans.OUTPUTS: "outputs",
+    }
     layers = linear_names(config)
     lm_head = (config.hidden_size, config.vocab_size)
     labels: list[str] = []
@@ -110,7 +114,7 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
     for event in events:
         is_extension = event.name.startswith(CPU_EXTENSION_PREFIX)
         extension_op = event.name.rpartition("::")[2] if is_extension else None
-        label = EXTENSION_OPS.get(extension_op) if is_extension else NAMED.get(event.name)
+        label = EXTENSION_OPS.get(extension_op) if is_extension else named.get(event.name)
         if event.name in MATMULS or extension_op == "gemv":
             shape = _weight_shape(event)
             is_lm_head = shape == lm_head and num_down >= config.num_layers

@@ -22,14 +22,20 @@ def write_tokenizer(folder: Path) -> None:
 
 
 def write_tiny_checkpoint(
-    folder: Path, arch: str = "llama", tied: bool = False, llama3_rope: bool = False, seed: int = 0
+    folder: Path,
+    arch: str = "llama",
+    tied: bool = False,
+    llama3_rope: bool = False,
+    seed: int = 0,
+    hidden_size: int = 64,
 ) -> Path:
-    """Save a 2-layer random-weight HF model (hidden 64, 4 heads, 2 kv heads) to folder."""
+    """Save a 2-layer random-weight HF model (hidden 64 unless told, 4 heads, 2 kv heads) to
+    folder."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     common = dict(
         vocab_size=VOCAB,
-        hidden_size=64,
+        hidden_size=hidden_size,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,

@@ -187,3 +187,30 @@ def test_a_fused_verification_step_matches_op_by_op(tmp_path):
         outs.append((model.forward(torch.arange(10), positions, batch, cache), cache.kv.clone()))
     (hidden_fused, kv_fused), (hidden, kv) = outs
     assert torch.equal(hidden_fused, hidden) and torch.equal(kv_fused, kv)
+
+
+def test_a_bfloat16_prompt_attends_on_the_tiles_where_the_extension_has_them(tmp_path):
+    """head_dim 32 (hidden 128, 4 heads): a 37-token prompt's attention runs the extension's
+    `prefill_attention` on a CPU with AMX tiles (this machine's and CI's), and its logits stay
+    within bfloat16 rounding of torch's SDPA on the same model."""
+    folder = write_tiny_checkpoint(tmp_path, hidden_size=128)
+    prompt = torch.randint(0, VOCAB, (37,), generator=torch.Generator().manual_seed(6)).tolist()
+    source = HFFolderSource(folder)
+    cfg = source.config
+    model = LlamaModel(cfg, source.load(torch.bfloat16, torch.device("cpu")))
+    op = model.cpu_ops.prefill_attention
+    assert (op is not None) == ("amx" in cpu_extension.default().isa)
+    calls = []
+    logits = {}
+    for name, prefill in (("tiles", op), ("sdpa", None)):
+        wrapped = None if prefill is None else (lambda *a, op=prefill: calls.append(1) or op(*a))
+        model.cpu_ops = dataclasses.replace(model.cpu_ops, prefill_attention=wrapped)
+        cache = KVCache(
+            cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu"
+        )
+        batch = build_attention_batch([Chunk(0, 37, list(range(8)))], 16, "cpu", torch.bfloat16)
+        hidden = model.forward(torch.tensor(prompt), torch.arange(37), batch, cache)
+        logits[name] = model.compute_logits(hidden)
+    assert len(calls) == (cfg.num_layers if op is not None else 0)
+    scale = logits["sdpa"].abs().max().item()
+    assert (logits["tiles"] - logits["sdpa"]).abs().max().item() < 0.02 * scale

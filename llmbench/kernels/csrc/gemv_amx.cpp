@@ -85,6 +85,10 @@ bool available() {
   return ok;
 }
 
+void configure_tiles() { configure_full_tiles(); }
+
+void release_tiles() { _tile_release(); }
+
 std::vector<uint16_t> pack_rows(const uint16_t* x, int64_t x_row, int64_t M, int64_t K) {
   const int64_t chunks = K / kTileK, m_chunks = (M + kTileRows - 1) / kTileRows;
   std::vector<uint32_t> b(m_chunks * chunks * kTileRows * kTileRows, 0);  // a pair a dword
@@ -340,6 +344,10 @@ void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
 }
 #else
 bool available() { return false; }
+
+void configure_tiles() {}
+
+void release_tiles() {}
 
 std::vector<uint16_t> pack_rows(const uint16_t*, int64_t, int64_t, int64_t) { return {}; }
 

@@ -13,6 +13,11 @@ namespace llmbench_amx {
 // Whether this build has the AMX path and the OS lets this process use the tiles (asked once).
 bool available();
 
+// Every tile 16 rows of 64 bytes on the calling thread, until release_tiles (for the tile
+// products of prefill_attention.cpp).
+void configure_tiles();
+void release_tiles();
+
 // x [M, K] (rows x_row apart, K a multiple of 32) as the tiles' B operand, once a call:
 // [chunk of 16 rows][chunk of 32 k][16 pairs of k][16 rows][2], zeros past row M.
 std::vector<uint16_t> pack_rows(const uint16_t* x, int64_t x_row, int64_t M, int64_t K);
