@@ -11,13 +11,14 @@
 // it can see
 //     S^T [32 keys][16 queries] = K · Q^T        (K straight from its rows as the A operand,
 //                                                 Q^T packed once a task as the B operand)
-//     p = exp(S^T · scale − m), m the running max of each query (a lane), masked causally
+//     p = 2^(S^T · scale · log2 e − m), m the running max of each query (a lane), masked
+//                                                 causally
 //     O^T [d][16 queries] += V^T · P^T            (V^T packed once a call as the A operand,
 //                                                 P^T rounded to bfloat16 into the B operand's
 //                                                 pair layout: keys 2p and 2p + 1 interleaved)
 // O^T stays in tiles from one block of keys to the next (d ≤ 64: four tiles); only when a
 // query's scores outgrow the max its exponents are taken against by more than kSlack are they
-// stored, rescaled by exp(m_old − m_new) and loaded back. At the end O^T / Σp is written out,
+// stored, rescaled by 2^(m_old − m_new) and loaded back. At the end O^T / Σp is written out,
 // rounded once. Tasks go to threads with the short and the long rows of
 // the causal triangle interleaved, so that each thread gets as many products.
 //
@@ -50,9 +51,25 @@ namespace {
 
 constexpr int64_t kQueries = 16;  // query rows a task: the tiles' columns
 constexpr int64_t kKeys = 32;     // keys a step: two tiles of S^T, the k of one P^T tile
-constexpr float kSlack = 8.0f;    // how far a score may pass the max it is exponentiated against
+constexpr float kSlack = 12.0f;   // how far a score (base 2) may pass the max it is taken against
 
 #ifdef LLMBENCH_HAS_AMX
+// 2^x for x <= kSlack, as p needs it: p is rounded to bfloat16 (relative 2^-9) before P·V, so
+// 2^f on |f| <= 1/2 by its Taylor series to degree 5 (relative error < 3e-6) is plenty, and
+// costs 10 instructions a vector where simd.h's e^x to float32 accuracy costs 13.
+inline __m512 exp2_for_p(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // below: 0
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3333558e-3f);  // (ln 2)^k / k!, k = 5 .. 0
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022651f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69314718f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
 // One KV head, packed for the tiles: keys [Cp][d] (rows of d, zeros past C) and values^T per
 // 32 keys [Cp / 32][d][32] (zeros past C: each A tile 16 rows of 64 bytes, one after another;
 // [d][Cp] put its rows 4 KiB apart, in one L1 set), Cp = C rounded up to 32.
@@ -77,8 +94,9 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
   alignas(64) uint32_t p_t[16 * kQueries];      // P^T as a B tile: 16 pairs of keys × 16 queries
   alignas(64) float o_t[64 * kQueries];         // O^T when it leaves the tiles
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Scores in base 2: s · scale · log2(e), so that p = 2^(s2 − m2) (`exp2_for_p`).
   __m512 row_max = _mm512_set1_ps(neg_inf), row_sum = _mm512_setzero_ps();
-  const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512 scale_v = _mm512_set1_ps(scale * 1.44269504088896341f);
   const __m512 slack = _mm512_set1_ps(kSlack);
   // bfloat16 i of a cvtne2ps pair (p_2p in 0..15, p_2p+1 in 16..31) → its place interleaved.
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
@@ -117,16 +135,16 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
                                                      : static_cast<__mmask16>(0xFFFF << first);
       block_max = _mm512_mask_max_ps(block_max, seen[j], block_max, _mm512_load_ps(s_t + j * kQueries));
     }
-    block_max = _mm512_mul_ps(block_max, scale_v);  // scale > 0: the max of the scaled scores
+    block_max = _mm512_mul_ps(block_max, scale_v);  // scale > 0: the max of the base-2 scores
     // The max the exponents are taken against moves only when a query's scores outgrow it by
-    // more than kSlack (e^8 ≈ 3,000: p and Σp stay far inside float32 and bfloat16's range):
+    // more than kSlack (2^12 = 4,096: p and Σp stay far inside float32 and bfloat16's range):
     // O^T then leaves the tiles to be rescaled far less often than the max grows.
     const __m512 new_max = _mm512_max_ps(row_max, block_max);
     if (key0 == 0) {
       row_max = new_max;  // O^T and Σp are still 0
     } else if (_mm512_cmp_ps_mask(block_max, _mm512_add_ps(row_max, slack), _CMP_GT_OQ)) {
-      // rescale O^T and Σp by exp(m_old − m_new)
-      const __m512 alpha = llmbench_simd::exp_nonpositive(_mm512_sub_ps(row_max, new_max));
+      // rescale O^T and Σp by 2^(m_old − m_new)
+      const __m512 alpha = exp2_for_p(_mm512_sub_ps(row_max, new_max));
       row_sum = _mm512_mul_ps(row_sum, alpha);
       _tile_stored(2, o_t, 64);
       _tile_stored(3, o_t + 16 * kQueries, 64);
@@ -144,15 +162,14 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
       }
       row_max = new_max;
     }
-    // p = exp(s − m) where seen (s − m <= kSlack: exp_nonpositive's 2^n · poly(f) holds there
-    // too), 0 elsewhere; keys 2p and 2p + 1 interleaved per query.
+    // p = 2^(s2 − m2) where seen, 0 elsewhere; keys 2p and 2p + 1 interleaved per query.
     __m512 block_sum = _mm512_setzero_ps();
     for (int64_t p = 0; p < kKeys / 2; ++p) {
       __m512 pair[2];
       for (int t = 0; t < 2; ++t) {
         const int64_t j = 2 * p + t;
-        const __m512 e = llmbench_simd::exp_nonpositive(
-            _mm512_fmsub_ps(_mm512_load_ps(s_t + j * kQueries), scale_v, row_max));
+        const __m512 e =
+            exp2_for_p(_mm512_fmsub_ps(_mm512_load_ps(s_t + j * kQueries), scale_v, row_max));
         pair[t] = _mm512_maskz_mov_ps(seen[j], e);
         block_sum = _mm512_add_ps(block_sum, pair[t]);
       }
