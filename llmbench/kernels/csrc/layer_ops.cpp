@@ -79,6 +79,30 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // (a, b) → (a·c − b·s, a·s + b·c) with c, s = cos_sin[positions[t], i mod d/2], in float32,
 // rounded once.
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// 16 pairs of a bfloat16 row (32 values from x, pairs j0 .. j0 + 15) rotated by their 16
+// (cos, sin) pairs at cs: each product and sum rounded as the scalar loop rounds them, the
+// results to bfloat16 to nearest even (as c10 rounds; RoPE's inputs are never NaN).
+inline void rope16_bf16(c10::BFloat16* x, const float* cs) {
+  const __m512i pairs = _mm512_loadu_si512(x);  // dword i: b (high half), a (low half)
+  const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+  const __m512 b = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF0000)));
+  const __m512 cs0 = _mm512_loadu_ps(cs), cs1 = _mm512_loadu_ps(cs + 16);
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512 c = _mm512_permutex2var_ps(cs0, even, cs1);
+  const __m512 s = _mm512_permutex2var_ps(cs0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), cs1);
+  const __m512 a2 = _mm512_sub_ps(_mm512_mul_ps(a, c), _mm512_mul_ps(b, s));
+  const __m512 b2 = _mm512_add_ps(_mm512_mul_ps(a, s), _mm512_mul_ps(b, c));
+  auto rounded = [](__m512 v) {  // the bfloat16 bits in the low half of each dword
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))),
+                             16);
+  };
+  _mm512_storeu_si512(x, _mm512_or_si512(rounded(a2), _mm512_slli_epi32(rounded(b2), 16)));
+}
+#endif
+
 template <typename T>
 void rope_rows(T* x, int64_t x_row, int64_t rows, int64_t width, const int64_t* positions,
                const float* cos_sin, int64_t half_dim) {
@@ -86,7 +110,15 @@ void rope_rows(T* x, int64_t x_row, int64_t rows, int64_t width, const int64_t* 
     for (int64_t r = begin; r < end; ++r) {
       T* xr = x + r * x_row;
       const float* cs = cos_sin + positions[r] * half_dim * 2;
-      for (int64_t j = 0; j < width / 2; ++j) {
+      int64_t j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      // 16 pairs at a time within a head (its d/2 pairs a multiple of 16): a prompt's RoPE
+      // was 7% of a 2,048-token prefill one pair at a time.
+      if constexpr (std::is_same_v<T, c10::BFloat16>)
+        if (half_dim % 16 == 0)
+          for (; j + 16 <= width / 2; j += 16) rope16_bf16(xr + 2 * j, cs + 2 * (j % half_dim));
+#endif
+      for (; j < width / 2; ++j) {
         const int64_t i = j % half_dim;
         const float a = to_f(xr[2 * j]), b = to_f(xr[2 * j + 1]);
         const float c = cs[2 * i], s = cs[2 * i + 1];
