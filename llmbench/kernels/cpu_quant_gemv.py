@@ -152,12 +152,7 @@ def quant_gemv_reference(
     else:
         dots = torch.einsum("mgk,ngk->mng", xq, unpack_int8_blocks(codes).double())
         y = (dots * sx[:, None]).sum(-1) * scale.double()[None]
-    y = y[:, :out_features]
-    if bias is not None:
-        y = y + bias.double()
-    if residual is not None:
-        y = y + residual.double()
-    return y.to(x.dtype)
+    return _finished(y[:, :out_features], bias, residual, x.dtype)
 
 
 def quant_gemm_reference(
@@ -177,12 +172,18 @@ def quant_gemm_reference(
         w = dequantize_int4_blocks(codes, scale_zero, out_features, k)
     else:
         w = dequantize_int8_blocks(codes, scale, out_features, k)
-    y = x.double() @ w.to(x.dtype).double().t()
+    return _finished(x.double() @ w.to(x.dtype).double().t(), bias, residual, x.dtype)
+
+
+def _finished(
+    y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """A reference's float64 y [M, N] plus the bias and the residual, rounded once to dtype."""
     if bias is not None:
         y = y + bias.double()
     if residual is not None:
         y = y + residual.double()
-    return y.to(x.dtype)
+    return y.to(dtype)
 
 
 def check_quant_gemv_args(

@@ -43,6 +43,15 @@ def _int8(weight: torch.Tensor):
     return codes, scale, *cpu_quant_gemv.pack_int8(codes, scale)
 
 
+def _layout(weight: torch.Tensor, bits: int):
+    """(codes, scale_zero, scale) of `weight` in the extension's int4 or int8 layout."""
+    if bits == 4:
+        _, codes, scale_zero = _int4(weight)
+        return codes, scale_zero, None
+    _, _, codes, scale = _int8(weight)
+    return codes, None, scale
+
+
 def test_has_quant_gemv_follows_the_isa():
     assert cpu_extension.CpuExtension("extension", "x", "avx512bf16_vnni", "ns").has_quant_gemv
     assert not cpu_extension.CpuExtension("extension", "x", "avx512bf16", "ns").has_quant_gemv
@@ -95,12 +104,7 @@ def test_activation_quantisation_by_hand():
 def test_kernel_matches_its_exact_reference(backend, dtype, shape, num_rows, bits):
     weight = _random(shape, 2, 0.05)
     x = _random((num_rows, shape[1]), 3).to(dtype)
-    if bits == 4:
-        _, codes, scale_zero = _int4(weight)
-        scale = None
-    else:
-        _, _, codes, scale = _int8(weight)
-        scale_zero = None
+    codes, scale_zero, scale = _layout(weight, bits)
     y = cpu_quant_gemv.quant_gemv(backend, x, codes, scale_zero, scale, shape[0])
     expected = cpu_quant_gemv.quant_gemv_reference(x, codes, scale_zero, scale, shape[0])
     assert y.dtype == dtype and y.shape == (num_rows, shape[0])
@@ -146,12 +150,7 @@ def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
     float32 and rounded once (with the bias and residual) where the reference rounds the
     float64 sum once: at most one unit in the last place apart."""
     weight = _random(shape, 13, 0.05)
-    if bits == 4:
-        _, codes, scale_zero = _int4(weight)
-        scale = None
-    else:
-        _, _, codes, scale = _int8(weight)
-        scale_zero = None
+    codes, scale_zero, scale = _layout(weight, bits)
     for dtype, ulp in ((torch.bfloat16, 2**-7), (torch.float32, 1e-5)):
         x = _random((num_rows, shape[1]), 14).to(dtype)
         bias, residual = _random((shape[0],), 15).to(dtype), _random((num_rows, shape[0]), 16)

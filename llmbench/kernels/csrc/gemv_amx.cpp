@@ -78,6 +78,27 @@ void configure_full_tiles() {
   _tile_loadconfig(&config);
 }
 
+// The 2 × 2 result tiles of a step, tmm0 .. tmm3 (rows n0 and n0 + 16 of W × chunks mc and
+// mc + 1 of x; tmm1 and tmm3 only when two_n, tmm2 and tmm3 only when two_m), each stored to
+// `tile` and handed to finish(n, chunk).
+template <typename Finish>
+void finish_tiles(float* tile, int64_t n0, int64_t mc, bool two_n, bool two_m, Finish&& finish) {
+  _tile_stored(0, tile, 64);
+  finish(n0, mc);
+  if (two_n) {
+    _tile_stored(1, tile, 64);
+    finish(n0 + kTileRows, mc);
+  }
+  if (two_m) {
+    _tile_stored(2, tile, 64);
+    finish(n0, mc + 1);
+    if (two_n) {
+      _tile_stored(3, tile, 64);
+      finish(n0 + kTileRows, mc + 1);
+    }
+  }
+}
+
 }  // namespace
 
 bool available() {
@@ -148,20 +169,7 @@ void gemm_bf16(const uint16_t* packed, const uint16_t* w, int64_t M, int64_t N, 
           if (two_n) _tile_dpbf16ps(3, 5, 7);
         }
       }
-      _tile_stored(0, tile, 64);
-      finish(n0, mc);
-      if (two_n) {
-        _tile_stored(1, tile, 64);
-        finish(n0 + kTileRows, mc);
-      }
-      if (two_m) {
-        _tile_stored(2, tile, 64);
-        finish(n0, mc + 1);
-        if (two_n) {
-          _tile_stored(3, tile, 64);
-          finish(n0 + kTileRows, mc + 1);
-        }
-      }
+      finish_tiles(tile, n0, mc, two_n, two_m, finish);
     }
   }
   _tile_release();
@@ -307,20 +315,7 @@ void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
           if (two_n) _tile_dpbf16ps(3, 5, 7);
         }
       }
-      _tile_stored(0, tile, 64);
-      finish(n0, mc);
-      if (two_n) {
-        _tile_stored(1, tile, 64);
-        finish(n0 + kTileRows, mc);
-      }
-      if (two_m) {
-        _tile_stored(2, tile, 64);
-        finish(n0, mc + 1);
-        if (two_n) {
-          _tile_stored(3, tile, 64);
-          finish(n0 + kTileRows, mc + 1);
-        }
-      }
+      finish_tiles(tile, n0, mc, two_n, two_m, finish);
     }
   };
   if (!all_first) {
