@@ -68,10 +68,10 @@ def test_profile_prints_a_table_and_writes_json_and_html(tmp_path):
         "op", "calls", "ms/step", "share", "MB/step", "GB/s", "GFLOP/s", "bound", "ms",
         "%", "roof", "lost", "ms",
     ]  # fmt: skip
-    assert [line.split()[0] for line in lines[4:19]] == [
-        "inputs", "embedding", "rms_norm", "qkv_proj", "rope", "kv_write", "attention",
-        "o_proj", "gate_up_proj", "silu_mul", "down_proj", "lm_head", "sampling",
-        "attributed", "unattributed",
+    assert [line.split()[0] for line in lines[4:21]] == [
+        "schedule", "inputs", "embedding", "rms_norm", "qkv_proj", "rope", "kv_write",
+        "attention", "o_proj", "gate_up_proj", "silu_mul", "down_proj", "lm_head", "sampling",
+        "outputs", "attributed", "unattributed",
     ]  # fmt: skip
     assert "batch 2, context 32" in lines
     data = json.loads(out_json.read_text())
