@@ -42,24 +42,16 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const OptTensor& bias,
   return f.call(x, w, bias, residual);
 }
 
-at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes, const OptTensor& scale_zero,
-                      const OptTensor& scale, int64_t out_features, const OptTensor& bias,
-                      const OptTensor& residual) {
-  static auto f = op("quant_gemv")
-                      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
-                                        const OptTensor&, int64_t, const OptTensor&,
-                                        const OptTensor&)>();
-  return f.call(x, codes, scale_zero, scale, out_features, bias, residual);
-}
-
-at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& codes, const OptTensor& scale_zero,
-                      const OptTensor& scale, int64_t out_features, const OptTensor& bias,
-                      const OptTensor& residual) {
-  static auto f = op("quant_gemm")
-                      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
-                                        const OptTensor&, int64_t, const OptTensor&,
-                                        const OptTensor&)>();
-  return f.call(x, codes, scale_zero, scale, out_features, bias, residual);
+// The library's int8/int4 matmuls, one signature: `quant_gemv` (x quantised, few rows) when
+// `is_fast`, else the weight-only `quant_gemm`.
+at::Tensor quant_matmul(bool is_fast, const at::Tensor& x, const at::Tensor& codes,
+                        const OptTensor& scale_zero, const OptTensor& scale, int64_t out_features,
+                        const OptTensor& bias, const OptTensor& residual) {
+  using Signature = at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                               const OptTensor&, int64_t, const OptTensor&, const OptTensor&);
+  static auto gemv = op("quant_gemv").typed<Signature>();
+  static auto gemm = op("quant_gemm").typed<Signature>();
+  return (is_fast ? gemv : gemm).call(x, codes, scale_zero, scale, out_features, bias, residual);
 }
 
 // x @ W^T (+ bias) (+ residual) → [M, out_features] for a weight list (above), as the engine's
@@ -83,8 +75,7 @@ at::Tensor linear(const at::Tensor& x, at::TensorList w, int64_t out_features,
   const bool is_int4 = w[0].scalar_type() == at::kByte;
   const OptTensor scale_zero = is_int4 ? OptTensor(w[1]) : c10::nullopt;
   const OptTensor scale = is_int4 ? c10::nullopt : OptTensor(w[1]);
-  if (is_fast) return quant_gemv(x, w[0], scale_zero, scale, out_features, bias, residual);
-  return quant_gemm(x, w[0], scale_zero, scale, out_features, bias, residual);
+  return quant_matmul(is_fast, x, w[0], scale_zero, scale, out_features, bias, residual);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {

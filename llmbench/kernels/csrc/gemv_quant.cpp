@@ -353,6 +353,18 @@ void dequantize_blocks(const QuantProblem& p, T* w) {
 }
 #endif
 
+// W [N, K] of problem p in `options`' dtype (dequantize_blocks, every block a task).
+at::Tensor dequantized(const QuantProblem& p, const at::TensorOptions& options) {
+  at::Tensor w = at::empty({p.N, p.K}, options);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  dispatch_float(w.scalar_type(), "quant_dequantize", [&](auto tag) {
+    using scalar_t = decltype(tag);
+    dequantize_blocks<scalar_t>(p, w.data_ptr<scalar_t>());
+  });
+#endif
+  return w;
+}
+
 at::Tensor quant_dequantize(const at::Tensor& codes, const c10::optional<at::Tensor>& scale_zero,
                             const c10::optional<at::Tensor>& scale, int64_t out_features,
                             int64_t in_features, at::ScalarType dtype) {
@@ -376,14 +388,7 @@ at::Tensor quant_dequantize(const at::Tensor& codes, const c10::optional<at::Ten
   p.scale_zero = is_int4 ? scale_zero->data_ptr<c10::Half>() : nullptr;
   p.scale = is_int4 ? nullptr : scale->data_ptr<float>();
   p.is_int4 = is_int4;
-  at::Tensor w = at::empty({out_features, in_features}, codes.options().dtype(dtype));
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  dispatch_float(dtype, "quant_dequantize", [&](auto tag) {
-    using scalar_t = decltype(tag);
-    dequantize_blocks<scalar_t>(p, w.data_ptr<scalar_t>());
-  });
-#endif
-  return w;
+  return dequantized(p, codes.options().dtype(dtype));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -427,14 +432,7 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& codes,
       checked_problem("quant_gemm", x, codes, scale_zero, scale, out_features, bias, residual);
   if (x.scalar_type() == at::kBFloat16 && llmbench_amx::available())
     return quant_gemm_tiles(p, x, bias, residual);
-  at::Tensor w = at::empty({p.N, p.K}, x.options());
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  dispatch_float(x.scalar_type(), "quant_gemm", [&](auto tag) {
-    using scalar_t = decltype(tag);
-    dequantize_blocks<scalar_t>(p, w.data_ptr<scalar_t>());
-  });
-#endif
-  at::Tensor y = at::mm(x, w.t());
+  at::Tensor y = at::mm(x, dequantized(p, x.options()).t());
   if (bias) y.add_(*bias);
   if (residual) y.add_(*residual);
   return y;
