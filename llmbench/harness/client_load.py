@@ -130,10 +130,10 @@ def _server_cpu_s(pids: Sequence[int]) -> float | None:
     return total
 
 
-def _snapshot(server_pids: Sequence[int]) -> _Snapshot:
+def _snapshot(server_pids: Sequence[int], clock: Callable[[], int]) -> _Snapshot:
     usage = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, where /proc has 10 ms ticks
     return _Snapshot(
-        t_ns=time.perf_counter_ns(),
+        t_ns=clock(),
         user_s=usage.ru_utime,
         system_s=usage.ru_stime,
         threads_s=_thread_times(),
@@ -193,8 +193,12 @@ class ClientMeter:
     stopped in the middle ends it when the result is made.
     """
 
-    def __init__(self, server_pids: Sequence[int] = ()):
+    def __init__(
+        self, server_pids: Sequence[int] = (), clock: Callable[[], int] = time.perf_counter_ns
+    ):
+        """`clock`: the run's clock in ns (the driver's), injected by tests of the window."""
         self.server_pids = tuple(server_pids)
+        self.clock = clock
         self._start: _Snapshot | None = None
         self._end: _Snapshot | None = None
         self._has_started = False  # a common start has moved `_start` (`starting`)
@@ -203,11 +207,11 @@ class ClientMeter:
 
     def begin(self) -> None:
         if self._start is None:
-            self._start = _snapshot(self.server_pids)
+            self._start = _snapshot(self.server_pids, self.clock)
 
     def end(self) -> None:
         if self._start is not None:
-            self._end = _snapshot(self.server_pids)
+            self._end = _snapshot(self.server_pids, self.clock)
 
     def starting(
         self,
@@ -226,7 +230,7 @@ class ClientMeter:
             if not self._has_started:
                 self._has_started = True
                 self._schedule_start_ns = start_ns
-                now = _snapshot(self.server_pids)
+                now = _snapshot(self.server_pids, self.clock)
                 self._start = dataclasses.replace(now, t_ns=max(now.t_ns, start_ns))
             return start_ns
 
@@ -245,7 +249,7 @@ class ClientMeter:
         when no repetition started."""
         if self._start is None:
             return start
-        end = self._end or _snapshot(self.server_pids)
+        end = self._end or _snapshot(self.server_pids, self.clock)
         a = self._start
         wall_s = (end.t_ns - a.t_ns) / 1e9
         user_s, system_s = end.user_s - a.user_s, end.system_s - a.system_s

@@ -110,8 +110,12 @@ class Driver:
         tokenizer: ChatTokenizer,
         options: DriveOptions,
         on_record: Callable[[RequestRecord], None] = lambda r: None,
+        clock: Callable[[], int] = time.perf_counter_ns,
     ):
+        """`clock` is the run's clock in ns (the event loop's clock, counted in ns), injected by
+        tests of the timing logic."""
         self.backend = backend
+        self.clock = clock
         self.tokenizer = tokenizer
         self.options = options
         self.on_record = on_record
@@ -124,15 +128,15 @@ class Driver:
         start_at: Callable[[], Awaitable[int]] | None = None,
     ) -> DriveResult:
         """At most `concurrency` sessions in flight; the next starts when one ends. With
-        `start_at`, the first ones start at the `perf_counter_ns` it returns (a common start)."""
+        `start_at`, the first ones start at the time it returns (on `clock`: a common start)."""
         slots = asyncio.Semaphore(concurrency)
         if start_at is not None:
-            await asyncio.sleep(max(0, await start_at() - time.perf_counter_ns()) / 1e9)
+            await asyncio.sleep(max(0, await start_at() - self.clock()) / 1e9)
 
         async def one(session: Session) -> None:
             async with slots:
                 first = self._prepare(session, 0, self._first_messages(session))
-                await self._session(session, first, time.perf_counter_ns())
+                await self._session(session, first, self.clock())
 
         await asyncio.gather(*(one(s) for s in sessions))
         return self.result
@@ -144,10 +148,10 @@ class Driver:
         start_at: Callable[[], Awaitable[int]] | None = None,
     ) -> DriveResult:
         """Session i starts at start + offsets_s[i], however busy the system is; every first
-        request is prepared before `start` is taken: now, or the `perf_counter_ns` that
+        request is prepared before `start` is taken: now, or the time (on `clock`) that
         `start_at` returns (a start common to several processes)."""
         firsts = [self._prepare(s, 0, self._first_messages(s)) for s in sessions]
-        start_ns = time.perf_counter_ns() if start_at is None else await start_at()
+        start_ns = self.clock() if start_at is None else await start_at()
         await asyncio.gather(
             *(
                 self._session(s, first, start_ns + round(offset * 1e9))
@@ -163,7 +167,7 @@ class Driver:
                 session.session_id, session.system_prompt, session.turns[:1], session.tools
             )
             first = self._prepare(first_only, 0, self._first_messages(first_only))
-            await self._session(first_only, first, time.perf_counter_ns(), is_warmup=True)
+            await self._session(first_only, first, self.clock(), is_warmup=True)
 
     @staticmethod
     def _first_messages(session: Session) -> list[Message]:
@@ -205,7 +209,7 @@ class Driver:
             if turn_index:
                 history += turn_messages(turn, reply)
                 request = self._prepare(session, turn_index, history)
-                scheduled_ns = time.perf_counter_ns() + round(turn.delay_s * 1e9)
+                scheduled_ns = self.clock() + round(turn.delay_s * 1e9)
                 stats.tool_wait_ns += round(turn.delay_s * 1e9)
             record = await self._send(session, turn_index, request, scheduled_ns, is_warmup)
             stats.num_requests += 1
@@ -216,7 +220,7 @@ class Driver:
                 stats.num_failed += 1
                 break  # a session cannot go on without the reply
             reply = record.output_text
-        stats.end_ns = time.perf_counter_ns()
+        stats.end_ns = self.clock()
         if not is_warmup:
             self.result.sessions.append(stats)
 
@@ -229,7 +233,7 @@ class Driver:
         is_warmup: bool,
     ) -> RequestRecord:
         """Wait for `scheduled_ns`, send the prepared request, record its stream."""
-        delay_s = (scheduled_ns - time.perf_counter_ns()) / 1e9
+        delay_s = (scheduled_ns - self.clock()) / 1e9
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         record = RequestRecord(
@@ -244,7 +248,7 @@ class Driver:
             ignore_eos=request.ignore_eos,
         )
         text_parts: list[str] = []
-        record.sent_ns = time.perf_counter_ns()
+        record.sent_ns = self.clock()
         try:
             async for event in self.backend.generate(request):
                 if event.num_tokens:
@@ -282,7 +286,7 @@ class Driver:
             if isinstance(e, BackendFailure):
                 raise  # the backend itself died: the drive stops, nothing else can be served
         finally:
-            record.end_ns = time.perf_counter_ns()
+            record.end_ns = self.clock()
             record.output_text = "".join(text_parts)
             self.result.records.append(record)
             self.on_record(record)

@@ -16,6 +16,7 @@ from llmbench.harness import client_load
 from llmbench.harness.results import ClientLoad, ClientProcess, read_results
 from llmbench.harness.shards import ClockAnchor
 from tests.harness.synthetic_runs import write_run
+from tests.harness.virtual_time import LOOP_ROUNDING_NS, VirtualClock
 
 CLOCK = ClockAnchor(1, 1, 1, "h", "b")
 
@@ -139,24 +140,27 @@ def test_the_meter_counts_the_cpu_spent_in_the_window_only():
 
 
 def test_a_shard_s_window_starts_at_its_common_start():
-    """Waiting for the other shards (0.3 s here) and for the start (0.1 s ahead) is no load."""
-    meter = client_load.ClientMeter()
+    """Waiting for the other shards (0.3 s here) and for the start (0.1 s ahead) is no load:
+    the window is the first repetition's 0.2 s, the second's wait (0.3 + 0.1) and its 0.2 s, not
+    1.2 s (virtual time: exact)."""
+    clock = VirtualClock()
+    meter = client_load.ClientMeter(clock=clock)
 
     async def start_at() -> int:
         await asyncio.sleep(0.3)
-        return time.perf_counter_ns() + 100_000_000
+        return clock() + 100_000_000
 
     started = meter.starting(start_at)
 
     async def work() -> None:
         for _ in range(2):  # a second repetition's start leaves the window where it is
             start_ns = await started()
-            await asyncio.sleep(max(0, start_ns - time.perf_counter_ns()) / 1e9)
+            await asyncio.sleep(max(0, start_ns - clock()) / 1e9)
             await asyncio.sleep(0.2)
 
-    asyncio.run(meter.measure(work()))
+    clock.run(meter.measure(work()))
     (p,) = meter.block(client_load.start_block(0, 2, CLOCK)).processes
-    assert 0.2 + 0.3 + 0.1 + 0.2 <= p.wall_s < 0.2 + 0.3 + 0.1 + 0.2 + 0.15  # not 1.2 s
+    assert p.wall_s == pytest.approx(0.2 + 0.3 + 0.1 + 0.2, abs=4 * LOOP_ROUNDING_NS / 1e9)
     assert p.shard == 0 and meter.starting(None) is None
 
 

@@ -1,13 +1,13 @@
 """The driver: sends at the scheduled times, keeps to the concurrency, records its own lag,
 tokenizes before it schedules, builds real multi-turn and tool-calling histories, and keeps what
 ended when it is cancelled. The backend is a test double of the `Backend` protocol that answers
-from the event loop; the tokenizer is the real byte-level one unless a test needs another."""
+from the event loop; the tokenizer is the real byte-level one unless a test needs another. Time
+is virtual (`VirtualClock`): every schedule and lag below is exact, whatever the machine does."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from itertools import pairwise
 
 import pytest
@@ -22,11 +22,9 @@ from llmbench.harness.records import (
     StreamEvent,
 )
 from llmbench.harness.workloads import Session, ToolCall, Turn
+from tests.harness.virtual_time import LOOP_ROUNDING_NS, VirtualClock
 
 MS = 1_000_000
-# A timing check must be far from this machine's noise (asyncio wakes up within ~1-2 ms; a busy
-# 2-core machine adds a few more) and far below what it catches (gaps of 100 ms or more).
-LAG_TOLERANCE_NS = 40 * MS
 
 
 class FakeBackend:
@@ -36,7 +34,8 @@ class FakeBackend:
 
     name = "fake"
 
-    def __init__(self, num_tokens=2, gap_s=0.0, reply="ok ", hang=(), fail=(), block_s=None):
+    def __init__(self, clock, num_tokens=2, gap_s=0.0, reply="ok ", hang=(), fail=(), block_s=None):
+        self.clock = clock
         self.num_tokens = num_tokens
         self.gap_s = gap_s
         self.reply = reply
@@ -53,37 +52,38 @@ class FakeBackend:
         pass
 
     async def generate(self, request: GenerationRequest):
-        self.received.append((time.perf_counter_ns(), request))
+        self.received.append((self.clock(), request))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             if request.request_id in self.block_s:
-                time.sleep(self.block_s[request.request_id])
+                self.clock.work(self.block_s[request.request_id])
             if request.request_id in self.hang:
                 await asyncio.Event().wait()
             if request.request_id in self.fail:
                 raise ConnectionError("server went away")
             for _ in range(self.num_tokens):
                 await asyncio.sleep(self.gap_s)
-                yield StreamEvent(time.perf_counter_ns(), 1, self.reply)
-            yield StreamEvent(time.perf_counter_ns(), 0, finish_reason="length")
+                yield StreamEvent(self.clock(), 1, self.reply)
+            yield StreamEvent(self.clock(), 0, finish_reason="length")
         finally:
             self.in_flight -= 1
 
 
 class SlowTokenizer:
-    """The byte-level tokenizer, `sleep_s` slower per call (a long prompt on a slow CPU);
+    """The byte-level tokenizer, `work_s` slower per call (a long prompt on a slow CPU);
     remembers when each call ended."""
 
-    def __init__(self, sleep_s: float):
+    def __init__(self, clock: VirtualClock, work_s: float):
         self.inner = Tokenizer.byte_level()
-        self.sleep_s = sleep_s
+        self.clock = clock
+        self.work_s = work_s
         self.ended_ns: list[int] = []
 
     def encode_chat(self, messages, tools=None):
-        time.sleep(self.sleep_s)
+        self.clock.work(self.work_s)
         ids = self.inner.encode_chat(messages, tools=tools)
-        self.ended_ns.append(time.perf_counter_ns())
+        self.ended_ns.append(self.clock())
         return ids
 
     def apply_chat_template(self, messages, tools=None):
@@ -113,8 +113,27 @@ def turn(content="hi", max_tokens=2, delay_s=0.0, **kw) -> Turn:
     return Turn(content, max_tokens, delay_s, **kw)
 
 
-def drive(driver: Driver, coroutine_fn):
-    return asyncio.run(coroutine_fn(driver))
+def setup(
+    tokenizer=None, options: DriveOptions | None = None, on_record=None, **backend_options
+) -> tuple[VirtualClock, FakeBackend, Driver]:
+    """A clock, a fake backend on it, and a driver of that backend on the same clock;
+    `tokenizer` is a tokenizer or a function of the clock that makes one."""
+    clock = VirtualClock()
+    backend = FakeBackend(clock, **backend_options)
+    tokenizer = tokenizer(clock) if callable(tokenizer) else tokenizer
+    driver = Driver(
+        backend,
+        tokenizer or Tokenizer.byte_level(),
+        options or DriveOptions(),
+        on_record=on_record or (lambda r: None),
+        clock=clock,
+    )
+    return clock, backend, driver
+
+
+def is_on_time(lag_ns: int) -> bool:
+    """Sent when scheduled: the loop's wake-up is exact up to its float rounding."""
+    return 0 <= lag_ns < LOOP_ROUNDING_NS
 
 
 def by_id(records: list[RequestRecord]) -> dict[str, RequestRecord]:
@@ -125,45 +144,39 @@ def by_id(records: list[RequestRecord]) -> dict[str, RequestRecord]:
 
 
 def test_open_loop_sends_at_the_scheduled_times():
-    backend = FakeBackend()
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    clock, backend, driver = setup()
     sessions = [session(f"s{i}", turn()) for i in range(4)]
-    offsets_s = [0.0, 0.1, 0.25, 0.3]
-    asyncio.run(driver.run_open_loop(sessions, offsets_s))
+    start_ns = clock()
+    clock.run(driver.run_open_loop(sessions, [0.0, 0.1, 0.25, 0.3]))
 
     records = sorted(driver.result.records, key=lambda r: r.scheduled_ns)
     assert [r.session_id for r in records] == ["s0", "s1", "s2", "s3"]
-    start_ns = records[0].scheduled_ns
     assert [r.scheduled_ns - start_ns for r in records] == [0, 100 * MS, 250 * MS, 300 * MS]
-    for r in records:
-        assert 0 <= r.sent_ns - r.scheduled_ns < LAG_TOLERANCE_NS
+    assert all(is_on_time(r.sent_ns - r.scheduled_ns) for r in records)
     # The backend saw them at those times too (not all at once, not early).
     received = sorted(t for t, _ in backend.received)
-    for t, r in zip(received, records, strict=True):
-        assert 0 <= t - r.scheduled_ns < LAG_TOLERANCE_NS
+    assert [t - r.sent_ns for t, r in zip(received, records, strict=True)] == [0, 0, 0, 0]
 
 
 def test_later_turns_are_scheduled_after_the_reply_plus_the_delay():
-    backend = FakeBackend(num_tokens=1)
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    clock, backend, driver = setup(num_tokens=1, gap_s=0.01)
     sessions = [session("s0", turn(), turn(delay_s=0.15), turn(delay_s=0.05))]
-    asyncio.run(driver.run_closed_loop(sessions, 1))
+    clock.run(driver.run_closed_loop(sessions, 1))
 
     t0, t1, t2 = driver.result.records
-    assert t1.scheduled_ns - t0.end_ns >= 150 * MS
-    assert t1.scheduled_ns - t0.end_ns < 150 * MS + LAG_TOLERANCE_NS
-    assert 50 * MS <= t2.scheduled_ns - t1.end_ns < 50 * MS + LAG_TOLERANCE_NS
-    assert all(0 <= r.sent_ns - r.scheduled_ns < LAG_TOLERANCE_NS for r in (t0, t1, t2))
+    assert t0.end_ns - t0.sent_ns >= 10 * MS  # the reply took time; the delay counts after it
+    assert t1.scheduled_ns - t0.end_ns == 150 * MS
+    assert t2.scheduled_ns - t1.end_ns == 50 * MS
+    assert all(is_on_time(r.sent_ns - r.scheduled_ns) for r in (t0, t1, t2))
     (stats,) = driver.result.sessions
     assert stats.tool_wait_ns == 200 * MS and stats.num_requests == 3
     assert stats.start_ns == t0.scheduled_ns
 
 
 def test_closed_loop_never_exceeds_the_concurrency():
-    backend = FakeBackend(num_tokens=3, gap_s=0.005)
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    clock, backend, driver = setup(num_tokens=3, gap_s=0.005)
     sessions = [session(f"s{i}", turn(), turn()) for i in range(9)]
-    asyncio.run(driver.run_closed_loop(sessions, 3))
+    clock.run(driver.run_closed_loop(sessions, 3))
 
     assert backend.max_in_flight == 3  # reached, never passed
     assert len(driver.result.records) == 18 and all(r.ok for r in driver.result.records)
@@ -177,32 +190,31 @@ def test_closed_loop_never_exceeds_the_concurrency():
 def test_a_common_start_is_the_open_loops_offset_0_once_the_firsts_are_prepared():
     """`start_at` (a start shared with other processes) is asked for after every first request
     is prepared, and the schedule counts from what it returns."""
-    backend = FakeBackend()
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    clock, backend, driver = setup(tokenizer=lambda clock: SlowTokenizer(clock, 0.03))
     asked_ns = []
 
     async def start_at() -> int:
-        asked_ns.append(time.perf_counter_ns())
+        asked_ns.append(clock())
         return asked_ns[0] + 80 * MS
 
     sessions = [session(f"s{i}", turn()) for i in range(2)]
-    asyncio.run(driver.run_open_loop(sessions, [0.0, 0.05], start_at))
+    clock.run(driver.run_open_loop(sessions, [0.0, 0.05], start_at))
+    assert asked_ns == [driver.tokenizer.ended_ns[1]]  # after both firsts were tokenized
     records = sorted(driver.result.records, key=lambda r: r.scheduled_ns)
     assert [r.scheduled_ns for r in records] == [asked_ns[0] + 80 * MS, asked_ns[0] + 130 * MS]
-    assert all(0 <= r.sent_ns - r.scheduled_ns < LAG_TOLERANCE_NS for r in records)
+    assert all(is_on_time(r.sent_ns - r.scheduled_ns) for r in records)
 
 
 def test_a_common_start_holds_the_closed_loop_until_then():
-    backend = FakeBackend()
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
+    clock, backend, driver = setup()
     start_ns = []
 
     async def start_at() -> int:
-        start_ns.append(time.perf_counter_ns() + 80 * MS)
+        start_ns.append(clock() + 80 * MS)
         return start_ns[0]
 
-    asyncio.run(driver.run_closed_loop([session(f"s{i}", turn()) for i in range(2)], 2, start_at))
-    assert all(0 <= r.scheduled_ns - start_ns[0] < LAG_TOLERANCE_NS for r in driver.result.records)
+    clock.run(driver.run_closed_loop([session(f"s{i}", turn()) for i in range(2)], 2, start_at))
+    assert all(is_on_time(r.scheduled_ns - start_ns[0]) for r in driver.result.records)
 
 
 # --- lag ----------------------------------------------------------------------------------------
@@ -210,18 +222,18 @@ def test_a_common_start_holds_the_closed_loop_until_then():
 
 def test_the_drivers_own_lag_is_recorded_as_queue_ms():
     """s0's reply blocks the event loop for 150 ms just after it is sent, while s1 is due 20 ms
-    later: s1 goes out ~130 ms late, and its record says so."""
-    backend = FakeBackend(block_s={"s0-t0": 0.15})
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
-    asyncio.run(driver.run_open_loop([session("s0", turn()), session("s1", turn())], [0.0, 0.02]))
+    later: s1 goes out 130 ms late, and its record says so."""
+    clock, backend, driver = setup(block_s={"s0-t0": 0.15})
+    sessions = [session("s0", turn()), session("s1", turn())]
+    clock.run(driver.run_open_loop(sessions, [0.0, 0.02]))
 
     records = by_id(driver.result.records)
     late = records["s1-t0"]
-    assert 125 * MS <= late.sent_ns - late.scheduled_ns < 130 * MS + LAG_TOLERANCE_NS
+    assert is_on_time(late.sent_ns - late.scheduled_ns - 130 * MS)
     assert queue_ms(late) == (late.sent_ns - late.scheduled_ns) / 1e6
     # Latency counts from the schedule, so the lag shows in TTFT too.
-    assert late.chunk_ns[0] - late.scheduled_ns >= 125 * MS
-    assert 0 <= records["s0-t0"].sent_ns - records["s0-t0"].scheduled_ns < LAG_TOLERANCE_NS
+    assert late.chunk_ns[0] - late.scheduled_ns >= 130 * MS
+    assert is_on_time(records["s0-t0"].sent_ns - records["s0-t0"].scheduled_ns)
 
 
 # --- tokenization before scheduling -------------------------------------------------------------
@@ -229,22 +241,20 @@ def test_the_drivers_own_lag_is_recorded_as_queue_ms():
 
 @pytest.mark.parametrize("loop", ["open", "closed"])
 def test_send_timestamp_is_taken_after_tokenization(loop):
-    """Every encode_chat sleeps 150 ms; none of it may land between scheduled and sent: open
+    """Every encode_chat takes 150 ms; none of it may land between scheduled and sent: open
     loop, the first turns are all tokenized before the clock starts; later turns and closed-loop
     first turns are tokenized, then scheduled."""
-    tokenizer = SlowTokenizer(0.15)
-    driver = Driver(FakeBackend(num_tokens=1), tokenizer, DriveOptions())
+    clock, backend, driver = setup(tokenizer=lambda clock: SlowTokenizer(clock, 0.15), num_tokens=1)
     if loop == "open":
         sessions = [session("s0", turn()), session("s1", turn())]
-        asyncio.run(driver.run_open_loop(sessions, [0.0, 0.05]))
+        clock.run(driver.run_open_loop(sessions, [0.0, 0.05]))
     else:
         sessions = [session("s0", turn(), turn(delay_s=0.01)), session("s1", turn())]
-        asyncio.run(driver.run_closed_loop(sessions, 1))
+        clock.run(driver.run_closed_loop(sessions, 1))
 
-    records = driver.result.records
+    tokenizer, records = driver.tokenizer, driver.result.records
     assert len(records) == len(tokenizer.ended_ns) == (3 if loop == "closed" else 2)
-    for r in records:
-        assert 0 <= r.sent_ns - r.scheduled_ns < LAG_TOLERANCE_NS  # far below 150 ms
+    assert all(is_on_time(r.sent_ns - r.scheduled_ns) for r in records)  # none of the 150 ms
     # Each request was tokenized before it was scheduled: call i ended before request i's time.
     scheduled = sorted(r.scheduled_ns for r in records)
     for ended_ns, scheduled_ns in zip(sorted(tokenizer.ended_ns), scheduled, strict=True):
@@ -253,29 +263,26 @@ def test_send_timestamp_is_taken_after_tokenization(loop):
         assert scheduled[1] - scheduled[0] == 50 * MS
     else:  # a later turn's delay counts from when it was tokenized
         t1 = by_id(records)["s0-t1"]
-        assert t1.scheduled_ns - tokenizer.ended_ns[1] >= 10 * MS
+        assert t1.scheduled_ns - tokenizer.ended_ns[1] == 10 * MS
 
 
 def test_another_sessions_tokenization_shows_as_lag_not_as_server_time():
-    """Preparing runs on the event loop: while s0's second turn is tokenized (150 ms), s1 (due
-    50 ms into it) cannot be sent. That is the driver's own lag: it is in s1's queue_ms, and
-    s1's TTFT from the send stays small."""
-    tokenizer = SlowTokenizer(0.15)
-    backend = FakeBackend(num_tokens=1)
-    driver = Driver(backend, tokenizer, DriveOptions())
+    """Preparing runs on the event loop: while s0's second turn is tokenized (150 ms from its
+    reply at 0), s1 (due at 50 ms) cannot be sent. That is the driver's own lag: it is in s1's
+    queue_ms (100 ms), and s1's TTFT from the send stays 0 (this backend answers at once)."""
+    clock, backend, driver = setup(tokenizer=lambda clock: SlowTokenizer(clock, 0.15), num_tokens=1)
     sessions = [session("s0", turn(), turn()), session("s1", turn())]
-    asyncio.run(driver.run_open_loop(sessions, [0.0, 0.05]))
+    clock.run(driver.run_open_loop(sessions, [0.0, 0.05]))
 
     late = by_id(driver.result.records)["s1-t0"]
-    assert 50 * MS <= late.sent_ns - late.scheduled_ns < 100 * MS + LAG_TOLERANCE_NS
-    assert late.chunk_ns[0] - late.sent_ns < LAG_TOLERANCE_NS
+    assert is_on_time(late.sent_ns - late.scheduled_ns - 100 * MS)
+    assert late.chunk_ns[0] == late.sent_ns
 
 
 def test_prompt_ids_are_the_model_tokenizers_and_counted():
     tokenizer = Tokenizer.byte_level()
-    backend = FakeBackend(reply="yes ")
-    driver = Driver(backend, tokenizer, DriveOptions())
-    asyncio.run(driver.run_closed_loop([session("s0", turn("hello"), turn("more"))], 1))
+    clock, backend, driver = setup(tokenizer, reply="yes ")
+    clock.run(driver.run_closed_loop([session("s0", turn("hello"), turn("more"))], 1))
 
     (_, first), (_, second) = backend.received
     assert first.prompt_ids == tuple(tokenizer.encode_chat(list(first.messages)))
@@ -299,9 +306,8 @@ def test_prompt_ids_are_the_model_tokenizers_and_counted():
 
 def test_completions_requests_carry_the_rendered_prompt():
     tokenizer = Tokenizer.byte_level()
-    backend = FakeBackend()
-    driver = Driver(backend, tokenizer, DriveOptions(use_chat=False, temperature=0.5))
-    asyncio.run(driver.run_closed_loop([session("s0", turn("hello", max_tokens=7))], 1))
+    clock, backend, driver = setup(tokenizer, DriveOptions(use_chat=False, temperature=0.5))
+    clock.run(driver.run_closed_loop([session("s0", turn("hello", max_tokens=7))], 1))
 
     ((_, request),) = backend.received
     assert request.prompt_text == (
@@ -356,8 +362,7 @@ def test_tool_messages_by_hand():
 
 def test_api_tools_go_with_every_request_and_into_the_count():
     tokenizer = JsonTokenizer()
-    backend = FakeBackend(reply="let me check ", num_tokens=1)
-    driver = Driver(backend, tokenizer, DriveOptions())
+    clock, backend, driver = setup(tokenizer, reply="let me check ", num_tokens=1)
     s = session(
         "s0",
         turn("task"),
@@ -365,7 +370,7 @@ def test_api_tools_go_with_every_request_and_into_the_count():
         turn("1,230 km", tool_call=CALL_2, is_tool_result=True),
         tools=TOOLS,
     )
-    asyncio.run(driver.run_closed_loop([s], 1))
+    clock.run(driver.run_closed_loop([s], 1))
 
     requests = [r for _, r in backend.received]
     assert [r.tools for r in requests] == [TOOLS] * 3
@@ -395,15 +400,15 @@ def test_the_real_tokenizer_renders_and_counts_the_tool_conversation():
     """The engine's tokenizer renders the tools and the tool turns into the prompt (ChatML has
     no tool support, so its fallback format): every count includes them."""
     tokenizer = Tokenizer.byte_level()
-    backend = FakeBackend(reply="", num_tokens=1)  # an empty reply: null content in the history
-    driver = Driver(backend, tokenizer, DriveOptions())
+    # An empty reply: null content in the history.
+    clock, backend, driver = setup(tokenizer, reply="", num_tokens=1)
     s = session(
         "s0",
         turn("task"),
         turn("6,650 km", tool_call=CALL_1, is_tool_result=True),
         tools=TOOLS,
     )
-    asyncio.run(driver.run_closed_loop([s], 1))
+    clock.run(driver.run_closed_loop([s], 1))
 
     (_, first), (_, second) = backend.received
     assert second.messages[2]["content"] is None
@@ -489,10 +494,9 @@ def test_a_failed_stream_keeps_its_tokens_and_its_final_event():
 
 
 def test_a_failed_request_ends_its_session():
-    backend = FakeBackend(fail={"s0-t1"})
-    seen: list[str] = []
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions(), on_record=seen.append)
-    asyncio.run(driver.run_closed_loop([session("s0", turn(), turn(), turn())], 1))
+    seen: list[RequestRecord] = []
+    clock, backend, driver = setup(on_record=seen.append, fail={"s0-t1"})
+    clock.run(driver.run_closed_loop([session("s0", turn(), turn(), turn())], 1))
 
     t0, t1 = driver.result.records
     assert t0.ok and t1.error == "ConnectionError: server went away"
@@ -506,9 +510,8 @@ def test_cancelling_keeps_what_ended_and_marks_what_was_in_flight():
     """Concurrency 2: s0 ends, s1 hangs, s2's first turn ends and its second hangs, s3 waits
     for a slot. Cancelled then: two completed records, two in flight kept as cancelled, none for
     s3, which was never sent."""
-    backend = FakeBackend(hang={"s1-t0", "s2-t1"})
     seen: list[RequestRecord] = []
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions(), on_record=seen.append)
+    clock, backend, driver = setup(on_record=seen.append, hang={"s1-t0", "s2-t1"})
     sessions = [
         session("s0", turn()),
         session("s1", turn()),
@@ -525,7 +528,7 @@ def test_cancelling_keeps_what_ended_and_marks_what_was_in_flight():
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(main())
+    clock.run(main())
     records = by_id(driver.result.records)
     assert set(records) == {"s0-t0", "s1-t0", "s2-t0", "s2-t1"}
     assert records["s0-t0"].ok and records["s2-t0"].ok
@@ -538,9 +541,8 @@ def test_cancelling_keeps_what_ended_and_marks_what_was_in_flight():
 
 
 def test_warm_up_records_are_marked_and_have_no_session_stats():
-    backend = FakeBackend()
-    driver = Driver(backend, Tokenizer.byte_level(), DriveOptions())
-    asyncio.run(driver.warm_up([session("w0", turn(), turn()), session("w1", turn())]))
+    clock, backend, driver = setup()
+    clock.run(driver.warm_up([session("w0", turn(), turn()), session("w1", turn())]))
 
     assert [(r.request_id, r.is_warmup) for r in driver.result.records] == [
         ("w0-t0", True),
