@@ -273,6 +273,9 @@ class LlamaModel:
         else:
             self.kernels_name = "torch ops"
         self.fuse_decode_layers = True  # off: every layer op by op, as the tests compare
+        # Set by `llmbench profile`: an int64 [layers, 10] that `decode_layers` adds each layer's
+        # op times (ns, on its own clock) into; None: no clock is read.
+        self.layer_op_ns: torch.Tensor | None = None
         self.plan_fused_layers()
         self.kernels_description = kernel_ops.describe(dispatch)  # for the run's provenance
         # What each MoE layer routed in the latest forward, in layer order (empty when dense).
@@ -399,6 +402,7 @@ class LlamaModel:
                     kv_cache.layers[: len(self.layers)],  # a draft's: the target's first
                     *fused,
                     self._fast_rows[0],
+                    self.layer_op_ns,
                 )
             for i, layer in enumerate(self.layers):
                 if fused is not None and num_tokens <= self._fused_rows[i]:

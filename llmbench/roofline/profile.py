@@ -126,10 +126,12 @@ def profile(
     rng = random.Random(spec.seed)
     load_before = os.getloadavg()[0]
     points = []
+    is_clocked = False  # whether a fused stack of layers timed its ops on its own clock
     for context in spec.contexts:
         for batch in spec.batches:
             say(f"{spec.phase}, batch {batch}, context {context}")
             steps, unprofiled_ns = _run_point(engine, spec, batch, context, rng)
+            is_clocked |= any(e.op is not None for step in steps for e in step.events)
             shapes = [
                 step_shape(s, weight_bpp, engine.kv_cache.bytes_per_elem, lm_head_bpp)
                 for s in steps
@@ -160,6 +162,7 @@ def profile(
         "loadavg_1m_before": load_before,
         "loadavg_1m_after": os.getloadavg()[0],
         "cpu_count": os.cpu_count(),
+        "clocked_layers": is_clocked,
         "points": points,
     }
 
@@ -250,8 +253,23 @@ def _run_point(
 
 
 # The C++ extension's fused decode layer and stack of layers ("<namespace>::decode_layer",
-# "<namespace>::decode_layers"), which `_profiled` opens: their ops are their children.
+# "<namespace>::decode_layers"), which `_profiled` opens: their ops are their children, or, for
+# the stack, its own clock's op times (`FUSED_LAYER_OPS`).
 FUSED_LAYERS = ("::decode_layer", "::decode_layers")
+CLOCKED_LAYERS = "::decode_layers"
+# The rows of `decode_layers`' op clock (csrc/decode_layer.cpp's OpClock), in a layer's order.
+FUSED_LAYER_OPS = (
+    "rms_norm",
+    "qkv_proj",
+    "rope",
+    "kv_write",
+    "attention",
+    "o_proj",
+    "rms_norm",
+    "gate_up_proj",
+    "silu_mul",
+    "down_proj",
+)
 
 
 def _timed_step(engine) -> int:
@@ -263,17 +281,30 @@ def _timed_step(engine) -> int:
 def _profiled(engine, num_steps: int, before_each: Callable[[], None]) -> list[ProfiledStep]:
     """`num_steps` engine steps under torch.profiler, each in a `STEP_SCOPE` span (what
     `before_each` does stays out of it): each step's wall time and top-level events (a fused
-    decode layer's own ops in its place)."""
+    decode layer's own ops in its place).
+
+    The stack of fused decode layers times its ops on its own clock (`model.layer_op_ns`) and
+    leaves the profiler no event inside: ~300 events a step would cost ~2-3 ms of the profiler's
+    own, as much as a fifth of a small model's step, between the ops they time."""
+    import torch
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
-    records = []
-    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(num_steps):
-            before_each()
-            with record_function(STEP_SCOPE):
-                engine.step()
-            records.append(engine.step_records[-1])
+    model = engine.model
+    op_ns = torch.zeros(len(model.layers), len(FUSED_LAYER_OPS), dtype=torch.int64)
+    records, layer_op_ns = [], []
+    model.layer_op_ns = op_ns
+    try:
+        with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(num_steps):
+                before_each()
+                op_ns.zero_()
+                with record_function(STEP_SCOPE):
+                    engine.step()
+                records.append(engine.step_records[-1])
+                layer_op_ns.append(op_ns.tolist())
+    finally:
+        model.layer_op_ns = None
     events = prof.events()
     scopes = sorted((e for e in events if e.name == STEP_SCOPE), key=lambda e: e.time_range.start)
     children: dict[int, list] = {scope.id: [] for scope in scopes}
@@ -282,26 +313,37 @@ def _profiled(engine, num_steps: int, before_each: Callable[[], None]) -> list[P
         if parent is not None and parent.id in children:
             children[parent.id].append(event)
     steps = []
-    for scope, record in zip(scopes, records, strict=True):
-        # Decode layers fused into one C++ call (`decode_layer`, `decode_layers`) are their
-        # ops, in order: they go through the dispatcher, so the profiler records each inside.
-        top = []
+    for scope, record, clocked in zip(scopes, records, layer_op_ns, strict=True):
+        events = []
         for event in sorted(children[scope.id], key=lambda e: e.time_range.start):
-            fused = event.name.endswith(FUSED_LAYERS)
-            top += (
-                sorted(event.cpu_children, key=lambda e: e.time_range.start) if fused else [event]
-            )
+            events += _top_events(event, clocked)
         steps.append(
             ProfiledStep(
                 wall_us=scope.time_range.elapsed_us(),
-                events=tuple(
-                    OpEvent(e.name, _shapes(e.input_shapes), e.time_range.elapsed_us()) for e in top
-                ),
+                events=tuple(events),
                 context_lens=tuple(record.context_lens),
                 query_lens=tuple(record.query_lens),
             )
         )
     return steps
+
+
+def _top_events(event, layer_op_ns: list[list[int]]) -> list[OpEvent]:
+    """A step's top-level profiler event as the events to classify: a fused stack of decode
+    layers as its clock's op times (`layer_op_ns`, layer by layer, each row an event that names
+    its op), a fused layer as its ops (through the dispatcher: the profiler records each), any
+    other event as itself."""
+    if event.name.endswith(CLOCKED_LAYERS) and any(map(any, layer_op_ns)):
+        return [
+            OpEvent(f"{event.name}[{op}]", (), ns / 1e3, op=op)
+            for layer in layer_op_ns
+            for op, ns in zip(FUSED_LAYER_OPS, layer, strict=True)
+        ]
+    inner = event.cpu_children if event.name.endswith(FUSED_LAYERS) else [event]
+    return [
+        OpEvent(e.name, _shapes(e.input_shapes), e.time_range.elapsed_us())
+        for e in sorted(inner, key=lambda e: e.time_range.start)
+    ]
 
 
 def _shapes(input_shapes: Sequence) -> tuple[tuple[int, ...], ...]:

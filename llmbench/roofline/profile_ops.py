@@ -12,6 +12,8 @@ every layer in the same order (model.py's forward), so a few anchors place every
   `aten::scaled_dot_product_attention` name themselves, and so do the spans the engine opens
   around its host work (`engine.spans`: the scheduler, the step's inputs, sampling, the new
   tokens taken in), each span's Python and ops together;
+- an event that names its op (`OpEvent.op`: a row of the fused decode layers' own op clock) is
+  that op;
 - every other event (views, slices, casts, the RoPE complex multiply, the K/V gather) belongs to
   the region the last anchor opened: after qkv_proj RoPE, after the K/V write attention, after
   gate_up_proj SiLU·mul, after the lm_head sampling, before the embedding the step's inputs.
@@ -66,11 +68,13 @@ NAMED = {
 
 @dataclass(frozen=True)
 class OpEvent:
-    """One top-level profiler event of a step: aten name, input shapes, wall time (µs)."""
+    """One top-level profiler event of a step: aten name, input shapes, wall time (µs); `op`
+    where its source already knows it (a fused stack of layers' own op clock)."""
 
     name: str
     shapes: tuple[tuple[int, ...], ...]
     duration_us: float
+    op: str | None = None
 
 
 def linear_names(config: ModelConfig) -> dict[tuple[int, int], str]:
@@ -115,7 +119,10 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
         is_extension = event.name.startswith(CPU_EXTENSION_PREFIX)
         extension_op = event.name.rpartition("::")[2] if is_extension else None
         label = EXTENSION_OPS.get(extension_op) if is_extension else named.get(event.name)
-        if event.name in MATMULS or extension_op == "gemv":
+        if event.op is not None:
+            label = event.op
+            num_down += label == "down_proj"
+        elif event.name in MATMULS or extension_op == "gemv":
             shape = _weight_shape(event)
             is_lm_head = shape == lm_head and num_down >= config.num_layers
             label = "lm_head" if is_lm_head else layers.get(shape) if shape else None

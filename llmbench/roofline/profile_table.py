@@ -21,14 +21,15 @@ def header_line(result: dict[str, Any]) -> str:
     roofs = result["roofs"]
     flops = roofs["flops_per_s"]
     matmul = f"{flops / 1e9:.0f} GFLOP/s" if flops else "no matmul roof"
+    clocked = result.get("clocked_layers", False)  # absent from an older profile's JSON
     return (
         f"{result['model']} {result['dtype']}, {result['phase']}, {result['num_steps']} steps "
         f"per point, {threads_text(result['threads'])}; roofs: read "
         f"{roofs['read_bytes_per_s'] / 1e9:.1f} GB/s ({roofs['sources']['read_bytes_per_s']}; "
         f"{roofs['sources']['read']}), matmul {result['dtype']} {matmul}; load average "
         f"{result['loadavg_1m_before']:.2f} before, {result['loadavg_1m_after']:.2f} after "
-        f"({result['cpu_count']} cores); each layer op by op (the engine runs a dense decode "
-        "layer as one C++ call, which has no ops to attribute)"
+        f"({result['cpu_count']} cores)"
+        + ("; the C++ decode layers' ops timed on their own clock" if clocked else "")
     )
 
 

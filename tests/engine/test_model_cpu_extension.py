@@ -33,11 +33,12 @@ def _logits(
     fuse: bool = True,
     quantize: str | None = None,
     stacked: bool = True,
+    op_ns: torch.Tensor | None = None,
 ) -> tuple[LlamaModel, list[torch.Tensor]]:
     """Prefill `prompt`, then decode greedily; the float32 logits of every step. `fuse`: decode
     steps run the dense layers in C++ where the model can, `stacked` all in one call
     (`decode_layers`), else one call a layer (`decode_layer`); `quantize`: the weights' scheme
-    (None: as loaded)."""
+    (None: as loaded); `op_ns`: the model's `layer_op_ns` (the stack's op clock)."""
     source = HFFolderSource(folder)
     cfg = source.config
     scheme = parse_quantize(quantize) if quantize else None
@@ -45,6 +46,7 @@ def _logits(
     model.fuse_decode_layers = fuse
     if not stacked:
         model._stacked_layers = None
+    model.layer_op_ns = op_ns
     cache = KVCache(
         cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, dtype, torch.device("cpu")
     )
@@ -108,6 +110,37 @@ def test_a_fused_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, variant, dty
     _, layer_by_layer = _logits(folder, dtype, prompt, stacked=False)
     for step, (a, b, c) in enumerate(zip(fused, op_by_op, layer_by_layer, strict=True)):
         assert torch.equal(a, b) and torch.equal(a, c), f"step {step}"
+
+
+@pytest.mark.parametrize("quantize", [None, "int4"])
+def test_the_stack_times_its_ops_on_its_own_clock_and_computes_the_same(tmp_path, quantize):
+    """`layer_op_ns` (set by `llmbench profile`): every decode step adds each layer's ten op
+    times into its row, the logits stay bit-identical, and the profiler records nothing inside
+    the stack's call (without the clock it records each op there: the check can see them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    folder = write_tiny_checkpoint(tmp_path, arch="qwen2")
+    prompt = torch.randint(0, VOCAB, (21,), generator=torch.Generator().manual_seed(7)).tolist()
+    inside = []
+    for op_ns in (None, torch.zeros(2, 10, dtype=torch.int64)):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model, logits = _logits(folder, torch.bfloat16, prompt, quantize=quantize, op_ns=op_ns)
+        inside.append(
+            [
+                e.name
+                for e in prof.events()
+                if e.cpu_parent is not None and e.cpu_parent.name.endswith("::decode_layers")
+            ]
+        )
+        if op_ns is None:
+            plain = logits
+    if model._stacked_layers is None:  # int4 where the CPU has no VNNI: no fused stack
+        assert not cpu_extension.default().has_quant_gemv
+        return
+    assert len(inside[0]) >= 10 * 2 * NUM_DECODE_STEPS and inside[1] == []
+    assert all(torch.equal(a, b) for a, b in zip(logits, plain, strict=True))
+    assert bool((op_ns > 0).all()), op_ns  # 8 steps of every op of both layers
+    assert model.layer_op_ns is op_ns
 
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])

@@ -98,6 +98,25 @@ def test_every_op_is_named_and_the_shares_leave_a_remainder(result):
         assert point["step_ms_unprofiled"] > 0
 
 
+def test_a_decode_steps_layers_are_timed_by_the_stacks_own_clock(result):
+    """A decode step runs every layer in one C++ call that times its ops itself (and leaves the
+    profiler no event inside): each layer op is one row of that clock a layer; a prefill step's
+    ops are the profiler's events."""
+    is_decode = result["phase"] == "decode"
+    assert result["clocked_layers"] is is_decode
+    layers = PRESETS["tiny"].num_layers
+    for point in result["points"]:
+        ops = {op["op"]: op for op in point["ops"]}
+        for name in ("qkv_proj", "rope", "kv_write", "attention", "o_proj", "silu_mul"):
+            clocked = [e for e in ops[name]["aten_ops"] if e.endswith(f"::decode_layers[{name}]")]
+            assert len(clocked) == is_decode
+            if is_decode:
+                assert ops[name]["aten_ops"] == {clocked[0]: layers * 2}  # 2 steps
+                assert ops[name]["calls_per_step"] == layers
+    text = "\n".join(profile_table.lines(result))
+    assert ("the C++ decode layers' ops timed on their own clock" in text) is is_decode
+
+
 def test_the_bounds_are_the_roofs_over_bytes_and_flops(result):
     for point in result["points"]:
         for op in point["ops"]:

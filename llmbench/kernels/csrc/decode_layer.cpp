@@ -16,6 +16,7 @@
 // layouts (int4: uint8 codes and float16 scale_zero; int8: int8 codes and float32 scale).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <chrono>
 #include <ATen/record_function.h>
 #include <torch/library.h>
 
@@ -110,16 +111,43 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return f.call(q, k, v, tables, lens, block_size, scale, max_len);
 }
 
-at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
-                        at::TensorList qkv_weight, const OptTensor& qkv_bias,
-                        at::TensorList o_weight, const at::Tensor& post_norm,
-                        at::TensorList gate_up_weight, at::TensorList down_weight,
-                        int64_t intermediate_size, double eps, const at::Tensor& positions,
-                        const at::Tensor& cos_sin, at::Tensor kv, const at::Tensor& slot_mapping,
-                        const at::Tensor& block_tables, const at::Tensor& context_lens,
-                        int64_t block_size, double scale, int64_t max_context_len,
-                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                        int64_t fast_max_rows) {
+// One layer (decode_layer's body), its op times on its own clock where `op_ns` is given
+// (`llmbench profile`, through `decode_layers`): each op's row gets the time since the op before
+// it ended (its call, and the views made for it), so a layer's rows add up to the layer; with
+// none, no clock is read. The rows, in the order the layer runs them (roofline/profile.py's
+// FUSED_LAYER_OPS names them):
+//   0 input rms_norm · 1 qkv_proj · 2 rope · 3 kv_write · 4 attention · 5 o_proj ·
+//   6 post-attention rms_norm · 7 gate_up_proj · 8 silu_mul · 9 down_proj
+constexpr int64_t kLayerOps = 10;
+
+class OpClock {
+ public:
+  explicit OpClock(int64_t* ns) : ns_(ns) {
+    if (ns_) last_ = std::chrono::steady_clock::now();
+  }
+  void lap(int64_t op) {
+    if (!ns_) return;
+    const auto now = std::chrono::steady_clock::now();
+    ns_[op] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  int64_t* ns_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+at::Tensor layer(const at::Tensor& x, const at::Tensor& input_norm,
+                 at::TensorList qkv_weight, const OptTensor& qkv_bias,
+                 at::TensorList o_weight, const at::Tensor& post_norm,
+                 at::TensorList gate_up_weight, at::TensorList down_weight,
+                 int64_t intermediate_size, double eps, const at::Tensor& positions,
+                 const at::Tensor& cos_sin, at::Tensor kv, const at::Tensor& slot_mapping,
+                 const at::Tensor& block_tables, const at::Tensor& context_lens,
+                 int64_t block_size, double scale, int64_t max_context_len,
+                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                 int64_t fast_max_rows, int64_t* op_ns) {
+  OpClock clock(op_ns);
   const int64_t rows = x.size(0), hidden = x.size(1), q_size = num_heads * head_dim;
   const int64_t qk_size = q_size + num_kv_heads * head_dim;
   const int64_t qkv_size = qk_size + num_kv_heads * head_dim;
@@ -128,8 +156,10 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
                   kv.is_contiguous(),
               "decode_layer: kv must be the layer's contiguous [S, 2, nkv, d] cache in x's dtype");
   at::Tensor h = rms_norm(x, input_norm, eps);
+  clock.lap(0);
   const int64_t most = fast_max_rows;
   at::Tensor qkv = linear(h, qkv_weight, qkv_size, qkv_bias, c10::nullopt, most);  // [B, qkv]
+  clock.lap(1);
   // Views of qkv and the cache, made without profiler events: a view costs well under a
   // microsecond, its event more (`llmbench profile` would count that as the layer's time).
   at::Tensor qk, q, fresh_kv, k_cache, v_cache;
@@ -142,25 +172,55 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
     v_cache = kv.select(1, 1);
   }
   rope(qk, positions, cos_sin, head_dim);
+  clock.lap(2);
   write_kv(kv, fresh_kv, slot_mapping);
+  clock.lap(3);
   at::Tensor attn = attention(q, k_cache, v_cache, block_tables, context_lens, block_size, scale,
                               max_context_len);
+  clock.lap(4);
   {
     at::DisableRecordFunctionGuard no_events;
     attn = attn.view({rows, q_size});
   }
   at::Tensor out = linear(attn, o_weight, hidden, c10::nullopt, x, most);
+  clock.lap(5);
   h = rms_norm(out, post_norm, eps);
+  clock.lap(6);
   const int64_t inter = intermediate_size;
   at::Tensor gate_up = linear(h, gate_up_weight, 2 * inter, c10::nullopt, c10::nullopt, most);
-  return linear(silu_and_mul(gate_up), down_weight, hidden, c10::nullopt, out, most);
+  clock.lap(7);
+  at::Tensor act = silu_and_mul(gate_up);
+  clock.lap(8);
+  at::Tensor y = linear(act, down_weight, hidden, c10::nullopt, out, most);
+  clock.lap(9);
+  return y;
 }
 
-// Every layer of a dense model in one call: decode_layer for each in turn (a C++ call, not
-// through the dispatcher: the profiler sees each layer's ops directly inside this op). Layer i's
+at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
+                        at::TensorList qkv_weight, const OptTensor& qkv_bias,
+                        at::TensorList o_weight, const at::Tensor& post_norm,
+                        at::TensorList gate_up_weight, at::TensorList down_weight,
+                        int64_t intermediate_size, double eps, const at::Tensor& positions,
+                        const at::Tensor& cos_sin, at::Tensor kv, const at::Tensor& slot_mapping,
+                        const at::Tensor& block_tables, const at::Tensor& context_lens,
+                        int64_t block_size, double scale, int64_t max_context_len,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                        int64_t fast_max_rows) {
+  return layer(x, input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight,
+               down_weight, intermediate_size, eps, positions, cos_sin, kv, slot_mapping,
+               block_tables, context_lens, block_size, scale, max_context_len, num_heads,
+               num_kv_heads, head_dim, fast_max_rows, nullptr);
+}
+
+// Every layer of a dense model in one call: `layer` for each in turn (a C++ call, not through
+// the dispatcher: the profiler sees each layer's ops directly inside this op). Layer i's
 // matmul weights are entries i·n .. i·n + n − 1 of each weight list (n = 1: [W]; 2: [codes,
 // scales]), kv[i] its cache. One call a step from Python instead of one a layer: each call
 // parses ~20 arguments, 10-20 µs, 30 times a step for SmolLM2.
+//
+// With `op_ns` (int64 [layers, kLayerOps], `llmbench profile`), each layer's op times are added
+// into its row (OpClock) and the profiler records no event inside the call: an event costs
+// ~7 µs, ~300 a step, as much as a fifth of a small model's step.
 at::Tensor decode_layers(const at::Tensor& x, at::TensorList input_norms,
                          at::TensorList qkv_weights, const c10::List<OptTensor>& qkv_biases,
                          at::TensorList o_weights, at::TensorList post_norms,
@@ -170,7 +230,7 @@ at::Tensor decode_layers(const at::Tensor& x, at::TensorList input_norms,
                          const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& context_lens, int64_t block_size, double scale,
                          int64_t max_context_len, int64_t num_heads, int64_t num_kv_heads,
-                         int64_t head_dim, int64_t fast_max_rows) {
+                         int64_t head_dim, int64_t fast_max_rows, const OptTensor& op_ns) {
   const int64_t layers = static_cast<int64_t>(input_norms.size());
   const int64_t n = layers ? static_cast<int64_t>(qkv_weights.size()) / layers : 0;
   TORCH_CHECK(layers > 0 && (n == 1 || n == 2) && static_cast<int64_t>(post_norms.size()) == layers &&
@@ -180,13 +240,24 @@ at::Tensor decode_layers(const at::Tensor& x, at::TensorList input_norms,
   for (const at::TensorList w : {qkv_weights, o_weights, gate_up_weights, down_weights})
     TORCH_CHECK(static_cast<int64_t>(w.size()) == n * layers,
                 "decode_layers: every weight list needs ", n * layers, " tensors, got ", w.size());
+  int64_t* ns = nullptr;
+  c10::optional<at::DisableRecordFunctionGuard> no_events;
+  if (op_ns) {
+    TORCH_CHECK(op_ns->scalar_type() == at::kLong && op_ns->is_contiguous() &&
+                    op_ns->dim() == 2 && op_ns->size(0) == layers &&
+                    op_ns->size(1) == kLayerOps,
+                "decode_layers: op_ns must be a contiguous int64 [layers, ", kLayerOps, "]");
+    ns = op_ns->data_ptr<int64_t>();
+    no_events.emplace();
+  }
   at::Tensor h = x;
   for (int64_t i = 0; i < layers; ++i)
-    h = decode_layer(h, input_norms[i], qkv_weights.slice(i * n, n), qkv_biases.get(i),
-                     o_weights.slice(i * n, n), post_norms[i], gate_up_weights.slice(i * n, n),
-                     down_weights.slice(i * n, n), intermediate_size, eps, positions, cos_sin,
-                     kv[i], slot_mapping, block_tables, context_lens, block_size, scale,
-                     max_context_len, num_heads, num_kv_heads, head_dim, fast_max_rows);
+    h = layer(h, input_norms[i], qkv_weights.slice(i * n, n), qkv_biases.get(i),
+              o_weights.slice(i * n, n), post_norms[i], gate_up_weights.slice(i * n, n),
+              down_weights.slice(i * n, n), intermediate_size, eps, positions, cos_sin, kv[i],
+              slot_mapping, block_tables, context_lens, block_size, scale, max_context_len,
+              num_heads, num_kv_heads, head_dim, fast_max_rows,
+              ns ? ns + i * kLayerOps : nullptr);
   return h;
 }
 
@@ -207,7 +278,7 @@ TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
       "Tensor[] down_weights, int intermediate_size, float eps, Tensor positions, "
       "Tensor cos_sin, Tensor(a!)[] kv, Tensor slot_mapping, Tensor block_tables, "
       "Tensor context_lens, int block_size, float scale, int max_context_len, int num_heads, "
-      "int num_kv_heads, int head_dim, int fast_max_rows) -> Tensor");
+      "int num_kv_heads, int head_dim, int fast_max_rows, Tensor(b!)? op_ns=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) {
