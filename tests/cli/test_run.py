@@ -93,21 +93,18 @@ def test_a_signal_mid_run_keeps_the_results(tmp_path, signum):
 
 @pytest.mark.parametrize("where", ["under a regular file", "in /proc"])
 def test_an_unwritable_out_fails_before_any_work(tmp_path, where):
-    """One line naming the path, exit 2, in about the time Python takes to start: the model
-    (a path that does not exist) is never opened, or the error would be about it."""
+    """One line naming the path, exit 2, before any work: the model (a path that does not
+    exist) is never opened, or the error would be about it."""
     regular = tmp_path / "file"
     regular.write_text("x")
     out = regular / "run" if where == "under a regular file" else Path("/proc/llmbench-run")
-    t0 = time.monotonic()
     result = llmbench("run", "chat", "--set", f"model={tmp_path}/no-model", "--out", str(out))
-    elapsed_s = time.monotonic() - t0
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --out {out}: cannot write there ("), (
         result.stderr
     )
     assert lines[0].endswith("pass a folder you can write to")
-    assert elapsed_s < 6, elapsed_s
 
 
 def test_kill_9_leaves_the_records_and_report_rebuilds_the_summary(tmp_path):
