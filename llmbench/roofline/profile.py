@@ -4,7 +4,8 @@ Builds an `LLMEngine` on the CPU (the profiler records CPU activities), sets up 
 sequences at `context` tokens (prefilled first, untimed), then runs real engine steps — decode
 steps of the whole batch, or prefill steps of `batch` prompts of `context` tokens — under
 `torch.profiler` (CPU activities, input shapes). Each step's top-level profiler events are
-attributed to the model's ops (`profile_ops.classify`), and each op is put on the roofline with
+attributed to the model's ops (`profile_ops.classify`; the stacked decode layers are timed op by
+op on their own clock instead, `_profiled`), and each op is put on the roofline with
 its share of the cost model's bytes and FLOPs
 (`profile_costs.op_costs`: they add up to exactly `cost_model.step_cost` of the step):
 
