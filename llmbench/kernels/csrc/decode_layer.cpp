@@ -112,6 +112,22 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return f.call(q, k, v, tables, lens, block_size, scale, max_len);
 }
 
+// A view of `base` `offset` elements into it, with these sizes and strides, as a TensorImpl
+// made here: in a decode step ATen's view ops (narrow, select, view) took ~23 µs for a layer's
+// five, though ~1 µs each in a loop: the matmul before them streamed its weights through the
+// caches, and each call's first use in a layer fetched ATen's code and data from memory again
+// (`llmbench profile`'s op clock, one view at a time). Only under inference mode (the engine's
+// forward), where a view needs no autograd or version-counter bookkeeping; else ATen's.
+at::Tensor view_of(const at::Tensor& base, int64_t offset, c10::IntArrayRef sizes,
+                   c10::IntArrayRef strides) {
+  if (!c10::InferenceMode::is_enabled() || !base.is_inference())
+    return base.as_strided(sizes, strides, base.storage_offset() + offset);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), base.dtype());
+  impl->set_sizes_and_strides(sizes, strides, base.storage_offset() + offset);
+  return at::Tensor(std::move(impl));
+}
+
 // One layer (decode_layer's body), its op times on its own clock where `op_ns` is given
 // (`llmbench profile`, through `decode_layers`): each op's row gets the time since the op before
 // it ended (its call, and the views made for it), so a layer's rows add up to the layer; with
@@ -161,19 +177,17 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& input_norm,
   const int64_t most = fast_max_rows;
   at::Tensor qkv = linear(h, qkv_weight, qkv_size, qkv_bias, c10::nullopt, most);  // [B, qkv]
   clock.lap(1);
-  // Views of qkv and the cache, made without profiler events (`llmbench profile` would count
-  // an event's cost as the layer's time). A view takes ~1 µs in a loop, but these five ~23 µs
-  // a layer of a decode step: the matmul before them streamed its weights through the caches,
-  // and each ATen call's first use in a layer fetches its code and data from memory again.
-  at::Tensor qk, q, fresh_kv, k_cache, v_cache;
-  {
-    at::DisableRecordFunctionGuard no_events;
-    qk = qkv.narrow(1, 0, qk_size);
-    q = qkv.narrow(1, 0, q_size).view({rows, num_heads, head_dim});
-    fresh_kv = qkv.narrow(1, q_size, qkv_size - q_size);
-    k_cache = kv.select(1, 0);
-    v_cache = kv.select(1, 1);
-  }
+  // Views of qkv ([B, qkv], rows contiguous) and of the cache ([S, 2, nkv, d]), made by
+  // `view_of`, not ATen's view ops.
+  TORCH_CHECK(qkv.stride(1) == 1, "decode_layer: the qkv matmul's rows must be contiguous");
+  const int64_t row = qkv.stride(0), kv_row = 2 * num_kv_heads * head_dim;
+  const at::Tensor qk = view_of(qkv, 0, {rows, qk_size}, {row, 1});
+  const at::Tensor q = view_of(qkv, 0, {rows, num_heads, head_dim}, {row, head_dim, 1});
+  const at::Tensor fresh_kv = view_of(qkv, q_size, {rows, qkv_size - q_size}, {row, 1});
+  const int64_t slots = kv.size(0);
+  const at::Tensor k_cache = view_of(kv, 0, {slots, num_kv_heads, head_dim}, {kv_row, head_dim, 1});
+  const at::Tensor v_cache =
+      view_of(kv, kv_row / 2, {slots, num_kv_heads, head_dim}, {kv_row, head_dim, 1});
   rope(qk, positions, cos_sin, head_dim);
   clock.lap(2);
   write_kv(kv, fresh_kv, slot_mapping);
@@ -181,10 +195,8 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& input_norm,
   at::Tensor attn = attention(q, k_cache, v_cache, block_tables, context_lens, block_size, scale,
                               max_context_len);
   clock.lap(4);
-  {
-    at::DisableRecordFunctionGuard no_events;
-    attn = attn.view({rows, q_size});
-  }
+  TORCH_CHECK(attn.is_contiguous(), "decode_layer: attention's output must be contiguous");
+  attn = view_of(attn, 0, {rows, q_size}, {q_size, 1});
   at::Tensor out = linear(attn, o_weight, hidden, c10::nullopt, x, most);
   clock.lap(5);
   h = rms_norm(out, post_norm, eps);
