@@ -116,12 +116,15 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // made here: in a decode step ATen's view ops (narrow, select, view) took ~23 µs for a layer's
 // five, though ~1 µs each in a loop: the matmul before them streamed its weights through the
 // caches, and each call's first use in a layer fetched ATen's code and data from memory again
-// (`llmbench profile`'s op clock, one view at a time). Only under inference mode (the engine's
-// forward), where a view needs no autograd or version-counter bookkeeping; else ATen's.
+// (`llmbench profile`'s op clock, one view at a time). Only of an inference tensor under
+// inference mode (qkv in the engine's forward), where a view needs no autograd or version-
+// counter bookkeeping; else (the cache: made outside inference mode) ATen's.
 at::Tensor view_of(const at::Tensor& base, int64_t offset, c10::IntArrayRef sizes,
                    c10::IntArrayRef strides) {
-  if (!c10::InferenceMode::is_enabled() || !base.is_inference())
+  if (!c10::InferenceMode::is_enabled() || !base.is_inference()) {
+    at::DisableRecordFunctionGuard no_events;  // `llmbench profile` would count its cost
     return base.as_strided(sizes, strides, base.storage_offset() + offset);
+  }
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), base.dtype());
   impl->set_sizes_and_strides(sizes, strides, base.storage_offset() + offset);
@@ -185,7 +188,8 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& input_norm,
   const at::Tensor q = view_of(qkv, 0, {rows, num_heads, head_dim}, {row, head_dim, 1});
   const at::Tensor fresh_kv = view_of(qkv, q_size, {rows, qkv_size - q_size}, {row, 1});
   const int64_t slots = kv.size(0);
-  const at::Tensor k_cache = view_of(kv, 0, {slots, num_kv_heads, head_dim}, {kv_row, head_dim, 1});
+  const at::Tensor k_cache =
+      view_of(kv, 0, {slots, num_kv_heads, head_dim}, {kv_row, head_dim, 1});
   const at::Tensor v_cache =
       view_of(kv, kv_row / 2, {slots, num_kv_heads, head_dim}, {kv_row, head_dim, 1});
   rope(qk, positions, cos_sin, head_dim);
