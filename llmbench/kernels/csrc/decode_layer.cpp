@@ -116,12 +116,13 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // made here: in a decode step ATen's view ops (narrow, select, view) took ~23 µs for a layer's
 // five, though ~1 µs each in a loop: the matmul before them streamed its weights through the
 // caches, and each call's first use in a layer fetched ATen's code and data from memory again
-// (`llmbench profile`'s op clock, one view at a time). Only of an inference tensor under
-// inference mode (qkv in the engine's forward), where a view needs no autograd or version-
-// counter bookkeeping; else (the cache: made outside inference mode) ATen's.
+// (`llmbench profile`'s op clock, one view at a time). Only under inference mode (the engine's
+// forward), for views that never leave the layer: qkv's (an inference tensor: no autograd or
+// version-counter bookkeeping to keep) and the cache's (made outside inference mode, but its
+// views are only read: the layer writes the cache through `kv` itself); else ATen's.
 at::Tensor view_of(const at::Tensor& base, int64_t offset, c10::IntArrayRef sizes,
                    c10::IntArrayRef strides) {
-  if (!c10::InferenceMode::is_enabled() || !base.is_inference()) {
+  if (!c10::InferenceMode::is_enabled()) {
     at::DisableRecordFunctionGuard no_events;  // `llmbench profile` would count its cost
     return base.as_strided(sizes, strides, base.storage_offset() + offset);
   }
