@@ -114,13 +114,18 @@ def turn(content="hi", max_tokens=2, delay_s=0.0, **kw) -> Turn:
 
 
 def setup(
-    tokenizer=None, options: DriveOptions | None = None, on_record=None, **backend_options
+    tokenizer=None,
+    options: DriveOptions | None = None,
+    on_record=None,
+    tokenize_s: float | None = None,
+    **backend_options,
 ) -> tuple[VirtualClock, FakeBackend, Driver]:
-    """A clock, a fake backend on it, and a driver of that backend on the same clock;
-    `tokenizer` is a tokenizer or a function of the clock that makes one."""
+    """A clock, a fake backend on it, and a driver of that backend on the same clock; with
+    `tokenize_s`, the tokenizer is a `SlowTokenizer` on that clock."""
     clock = VirtualClock()
     backend = FakeBackend(clock, **backend_options)
-    tokenizer = tokenizer(clock) if callable(tokenizer) else tokenizer
+    if tokenize_s is not None:
+        tokenizer = SlowTokenizer(clock, tokenize_s)
     driver = Driver(
         backend,
         tokenizer or Tokenizer.byte_level(),
@@ -190,7 +195,7 @@ def test_closed_loop_never_exceeds_the_concurrency():
 def test_a_common_start_is_the_open_loops_offset_0_once_the_firsts_are_prepared():
     """`start_at` (a start shared with other processes) is asked for after every first request
     is prepared, and the schedule counts from what it returns."""
-    clock, backend, driver = setup(tokenizer=lambda clock: SlowTokenizer(clock, 0.03))
+    clock, backend, driver = setup(tokenize_s=0.03)
     asked_ns = []
 
     async def start_at() -> int:
@@ -244,7 +249,7 @@ def test_send_timestamp_is_taken_after_tokenization(loop):
     """Every encode_chat takes 150 ms; none of it may land between scheduled and sent: open
     loop, the first turns are all tokenized before the clock starts; later turns and closed-loop
     first turns are tokenized, then scheduled."""
-    clock, backend, driver = setup(tokenizer=lambda clock: SlowTokenizer(clock, 0.15), num_tokens=1)
+    clock, backend, driver = setup(tokenize_s=0.15, num_tokens=1)
     if loop == "open":
         sessions = [session("s0", turn()), session("s1", turn())]
         clock.run(driver.run_open_loop(sessions, [0.0, 0.05]))
@@ -270,7 +275,7 @@ def test_another_sessions_tokenization_shows_as_lag_not_as_server_time():
     """Preparing runs on the event loop: while s0's second turn is tokenized (150 ms from its
     reply at 0), s1 (due at 50 ms) cannot be sent. That is the driver's own lag: it is in s1's
     queue_ms (100 ms), and s1's TTFT from the send stays 0 (this backend answers at once)."""
-    clock, backend, driver = setup(tokenizer=lambda clock: SlowTokenizer(clock, 0.15), num_tokens=1)
+    clock, backend, driver = setup(tokenize_s=0.15, num_tokens=1)
     sessions = [session("s0", turn(), turn()), session("s1", turn())]
     clock.run(driver.run_open_loop(sessions, [0.0, 0.05]))
 
