@@ -39,7 +39,7 @@ from llmbench.engine.kv_cache import BlockManager
 from llmbench.engine.model import LlamaModel
 from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batch
 from llmbench.engine.quant.scheme import QuantScheme, parse_quantize
-from llmbench.engine.sampling import apply_logit_bias, sampling_probs
+from llmbench.engine.sampling import apply_logit_bias, greedy_ids, sampling_probs
 from llmbench.engine.sequence import Sequence
 from llmbench.engine.speculative import SpeculativeConfig, max_draft_tokens
 from llmbench.engine.tokenizer import Tokenizer
@@ -342,7 +342,7 @@ class DraftModelProposer:
         """Append each sequence's next draft token, chosen from its row of `logits`: the argmax
         for greedy requests, a draw from the draft's distribution (kept) for sampled ones."""
         params = [seq.params for seq in seqs]
-        greedy = apply_logit_bias(logits, params).argmax(dim=-1).tolist()
+        greedy = greedy_ids(apply_logit_bias(logits, params)).tolist()
         sampled = [i for i, seq in enumerate(seqs) if not seq.params.is_greedy]
         if sampled:
             index = torch.tensor(sampled, device=logits.device)

@@ -388,7 +388,7 @@ class LlamaModel:
         # tests/engine/test_model_cpu_extension.py holds them bit-identical).
         is_fused = cpu and self.fuse_decode_layers
         fused = self._fused_decode_args(batch, kv_cache) if is_fused else None
-        with _gemv_backend(self.device, self.dtype, num_tokens):
+        with self._gemv_backend(num_tokens):
             x = F.embedding(input_ids, self.embed_tokens)  # [T, h]
             stacked = self._stacked_layers
             if fused is not None and stacked is not None and num_tokens <= FUSED_MAX_ROWS:
@@ -473,32 +473,34 @@ class LlamaModel:
             return None
         if kv_cache.kv.dtype != self.dtype:
             return None
-        max_len = int(d.slots.shape[1])
         return (
             *(batch.slot_mapping, d.block_tables, d.context_lens, d.block_size, self.scale),
-            *(max_len, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+            *(d.max_context_len, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
         )
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, h] rows that need a next token → logits [N, V] in float32."""
-        with _gemv_backend(self.device, self.dtype, hidden.shape[0]):
+        with self._gemv_backend(hidden.shape[0]):
             cpu = self.cpu_ops
             norm = self.kernels.rms_norm if self.kernels else cpu.rms_norm if cpu else rms_norm
             return self.lm_head(norm(hidden, self.norm, self.config.rms_norm_eps)).float()
 
+    def _gemv_backend(self, num_rows: int):
+        """Matrix-vector products in 16 bits on CPU without the C++ extension: torch's native
+        kernel, not oneDNN's (with the extension its own matmul takes them, and the toggle,
+        two calls a step, would cost ~40 µs for nothing).
 
-# Toggling oneDNN (below) makes torch warn about Intel-GPU TF32 on every call: not our concern.
+        Measured here (SmolLM2 shapes, 2 threads, weights streamed from DRAM): bfloat16 x[1, 576]
+        @ W[3072, 576] reads 10.4 GB/s natively vs 6.5 GB/s through oneDNN; from 4 rows on oneDNN
+        wins (6.6 vs 3.5 GB/s, and 181 vs 16 GFLOP/s at 32 rows).
+        """
+        is_native_gemv = self.device.type == "cpu" and self.dtype != torch.float32
+        if is_native_gemv and self.cpu_ops is None and num_rows <= 2:
+            return torch.backends.mkldnn.flags(enabled=False)
+        return contextlib.nullcontext()
+
+
+# Toggling oneDNN (`LlamaModel._gemv_backend`) makes torch warn about Intel-GPU TF32 on every
+# call: not our concern.
 warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-
-
-def _gemv_backend(device: torch.device, dtype: torch.dtype, num_rows: int):
-    """Matrix-vector products in 16 bits on CPU: torch's native kernel, not oneDNN's.
-
-    Measured here (SmolLM2 shapes, 2 threads, weights streamed from DRAM): bfloat16 x[1, 576] @
-    W[3072, 576] reads 10.4 GB/s natively vs 6.5 GB/s through oneDNN; from 4 rows on oneDNN
-    wins (6.6 vs 3.5 GB/s, and 181 vs 16 GFLOP/s at 32 rows).
-    """
-    if device.type == "cpu" and dtype != torch.float32 and num_rows <= 2:
-        return torch.backends.mkldnn.flags(enabled=False)
-    return contextlib.nullcontext()

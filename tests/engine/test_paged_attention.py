@@ -227,3 +227,38 @@ def test_short_chunks_after_a_cached_context_are_attended_row_by_row_exactly(thr
         [reference_attention(q[s][cached[s] :], kv[s][:, 0], kv[s][:, 1], cached[s]) for s in order]
     )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_step_of_decodes_only_has_the_general_paths_tensors():
+    """A plain decode step (every chunk one token) takes `build_attention_batch`'s short path:
+    its tensors are the ones worked out by hand from the block tables, and the gathered slots
+    and padding bias (for attention through torch) come from the block tables when asked for."""
+    tables = [[5, 2, 7], [1, 6], [4]]
+    positions = [9, 4, 0]  # contexts of 10, 5 and 1 tokens
+    chunks = [Chunk(p, 1, t) for p, t in zip(positions, tables, strict=True)]
+    batch = build_attention_batch(chunks, BLOCK_SIZE, torch.device("cpu"), torch.bfloat16)
+    # slot = table[p // 4] * 4 + p % 4
+    assert batch.slot_mapping.tolist() == [7 * 4 + 1, 6 * 4 + 0, 4 * 4 + 0]
+    assert batch.slot_mapping.dtype == torch.long and batch.prefills == []
+    assert batch.max_position == 9
+    d = batch.decodes
+    assert d.is_whole_batch and d.rows.tolist() == [0, 1, 2]
+    assert d.block_tables.dtype == torch.int32 and d.context_lens.dtype == torch.int32
+    assert d.block_tables.tolist() == [[5, 2, 7], [1, 6, 0], [4, 0, 0]]
+    assert d.context_lens.tolist() == [10, 5, 1] and d.max_context_len == 10
+    assert d.slots.tolist() == [
+        [20, 21, 22, 23, 8, 9, 10, 11, 28, 29],
+        [4, 5, 6, 7, 24, 25, 26, 27, 0, 1],  # past its context (5): padding, masked below
+        [16, 17, 18, 19, 0, 1, 2, 3, 0, 1],
+    ]
+    bias = d.bias
+    assert bias.dtype == torch.bfloat16 and bias.shape == (3, 1, 1, 10)
+    assert (bias[:, 0, 0] == float("-inf")).sum(dim=1).tolist() == [0, 5, 9]
+    assert (bias[:, 0, 0, :1] == 0).all()
+    # One more token after a step of decodes: the same tensors on the general path.
+    mixed = build_attention_batch(
+        [*chunks, Chunk(0, 2, [3])], BLOCK_SIZE, torch.device("cpu"), torch.bfloat16
+    )
+    assert torch.equal(mixed.slot_mapping[:3], batch.slot_mapping)
+    assert mixed.decodes.lens == d.lens and torch.equal(mixed.decodes.slots, d.slots)
+    assert torch.equal(mixed.decodes.block_tables, d.block_tables)

@@ -16,6 +16,7 @@ from llmbench.engine.sampling import (
     SamplingParams,
     apply_logit_bias,
     check_stop,
+    greedy_ids,
     make_generator,
     sample,
     sampling_probs,
@@ -482,3 +483,26 @@ def test_check_stop_length() -> None:
     assert check_stop(42, 4, params, EOS_IDS) == "length"
     # EOS as the last allowed token is a natural stop, not a truncation.
     assert check_stop(128001, 4, params, EOS_IDS) == "stop"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_ids_are_torchs_argmax_ties_and_nan_included(dtype):
+    """The first of equal maxima, a NaN counted as the largest, -inf rows: row by row the index
+    torch's argmax gives (float32 on a CPU goes through numpy's)."""
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor(
+        [
+            [1.0, 3.0, 3.0, 2.0],  # a tie: the first
+            [nan, 5.0, nan, 1.0],  # NaN wins, the first of them
+            [2.0, 7.0, 1.0, nan],
+            [-inf, -inf, -inf, -inf],
+            [0.0, inf, inf, 1.0],
+        ],
+        dtype=dtype,
+    )
+    ids = greedy_ids(logits)
+    assert ids.tolist() == [1, 0, 3, 0, 1] == logits.argmax(dim=-1).tolist()
+    assert ids.dtype == torch.int64
+    wide = torch.randn(3, 49152, generator=torch.Generator().manual_seed(0)).to(dtype)
+    assert torch.equal(greedy_ids(wide), wide.argmax(dim=-1))
+    assert torch.equal(greedy_ids(wide[:, ::2]), wide[:, ::2].argmax(dim=-1))  # strided rows
