@@ -143,6 +143,38 @@ def test_the_stack_times_its_ops_on_its_own_clock_and_computes_the_same(tmp_path
     assert model.layer_op_ns is op_ns
 
 
+def test_a_fused_layer_records_its_ops_as_the_dispatcher_would(tmp_path):
+    """The fused layer calls the library's ops as C++ functions, not through the dispatcher,
+    and makes each one's profiler event itself: under `decode_layer` (one call a layer) the
+    profiler sees the layer's ten ops in order, named as the dispatcher names them, with their
+    input shapes (by which `llmbench profile` tells the matmuls apart)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    folder = write_tiny_checkpoint(tmp_path, arch="llama")
+    prompt = torch.randint(0, VOCAB, (5,), generator=torch.Generator().manual_seed(3)).tolist()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        model, _ = _logits(folder, torch.bfloat16, prompt, stacked=False)
+    layers = [e for e in prof.events() if e.name.endswith("::decode_layer")]
+    assert len(layers) == model.config.num_layers * NUM_DECODE_STEPS
+    namespace = layers[0].name.removesuffix("::decode_layer")
+    assert namespace.startswith(cpu_extension.LIBRARY_PREFIX)
+    cfg = model.config
+    weights = {  # each matmul's weight [out, in], in the layer's order
+        1: [cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size],
+        5: [cfg.hidden_size, cfg.q_size],
+        7: [2 * cfg.intermediate_size, cfg.hidden_size],
+        9: [cfg.hidden_size, cfg.intermediate_size],
+    }
+    for layer in layers:
+        ops = sorted(layer.cpu_children, key=lambda e: e.time_range.start)
+        assert [e.name.removeprefix(namespace + "::") for e in ops] == [
+            *("rms_norm", "gemv", "rope_", "write_kv_", "paged_decode_attention"),
+            *("gemv", "rms_norm", "gemv", "silu_and_mul", "gemv"),
+        ]
+        assert {i: ops[i].input_shapes[1] for i in weights} == weights
+        assert ops[0].input_shapes[0] == [1, cfg.hidden_size]
+
+
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
 def test_a_fused_quantized_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, quantize):
     # int8 / int4 matmuls run quant_gemv inside the fused layer, where the CPU has VNNI (both

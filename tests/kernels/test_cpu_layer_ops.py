@@ -117,6 +117,14 @@ def _paged_case(dtype, context_lens, num_heads, num_kv_heads, head_dim, block_si
         ([2000], 4, 1, 32, 32),  # long: many partitions; MQA
         ([1, 37, 300, 700], 9, 3, 64, 16),  # mixed lengths in one batch
         ([5, 17], 4, 4, 24, 8),  # no GQA; a head_dim with a scalar tail (24 = 16 + 8)
+        # bfloat16 weighs the values of 4 query heads a pass (2 from head_dim 96): every
+        # count of heads left for the last pass, 1 to 4
+        ([300], 3, 3, 64, 16),  # 1 a pass
+        ([300], 8, 4, 64, 16),  # 2
+        ([300], 8, 1, 64, 16),  # 4 + 4
+        ([300], 6, 1, 64, 16),  # 4 + 2
+        ([300], 5, 1, 96, 16),  # 2 + 2 + 1
+        ([300], 6, 1, 128, 16),  # 2 + 2 + 2
     ],
 )
 def test_decode_attention_matches_reference(
@@ -133,6 +141,21 @@ def test_decode_attention_matches_reference(
     assert out.dtype == dtype and out.shape == q.shape
     # float32: e^x by a polynomial (relative error < 1e-7) and sums in another order;
     # 16 bits: both round the same float32 value once.
+    tol = 2e-6 if dtype == torch.float32 else (2**-8 if dtype == torch.bfloat16 else 2**-11)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_of_one_sequence_attend_their_own_contexts(backend, dtype):
+    """Speculative verification's rows: one block table, contexts s + 1 .. s + k (the kernel
+    reads each key once for all of them: 5 rows of 3 query heads, 15 states a KV head)."""
+    q, keys, values, tables, _ = _paged_case(dtype, [70] * 5, 9, 3, 64, 16, 21)
+    tables = tables[:1].expand(5, -1).contiguous()
+    lens = torch.arange(66, 71, dtype=torch.int32)
+    out = cpu_layer_ops.paged_decode_attention(
+        backend, q, keys, values, tables, lens, 16, 0.125, 70
+    )
+    expected = paged_decode_attention_reference(q, keys, values, tables, lens, 16, 0.125)
     tol = 2e-6 if dtype == torch.float32 else (2**-8 if dtype == torch.bfloat16 else 2**-11)
     torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
 

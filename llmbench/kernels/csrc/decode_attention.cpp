@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops.h"
 #include "simd.h"
 
 #ifndef LLMBENCH_EXTENSION_NAMESPACE
@@ -45,6 +46,12 @@ using llmbench_simd::from_f;
 using llmbench_simd::to_f;
 
 constexpr int64_t kChunk = 32;         // positions per step of the online softmax
+// The keys and values of the chunk this many chunks ahead are prefetched while a chunk is
+// weighed, a slot's rows at a time between its value rows: a burst of a whole chunk's
+// prefetches before its use stalled the thread on the line-fill buffers (~45% of the bfloat16
+// kernel's samples in `perf`), and the chunk arrived no sooner. In a SmolLM2 bfloat16 decode
+// step (context ~600, `llmbench profile`'s op clock) attention went 46 → 38 µs a layer.
+constexpr int64_t kAheadChunks = 2;
 constexpr int64_t kMinPartition = 256;  // positions: below this a partition is not worth it
 constexpr int64_t kMaxHeadDim = 256;
 // A step whose attention is below this many (position, query row·head) pairs runs on the
@@ -130,13 +137,16 @@ inline float softmax_step(float* s, int64_t n, float& m, float& l) {
 }
 
 #if defined(__AVX512F__)
+// The first n of 16 lanes (n ≤ 16).
+inline __mmask16 first_lanes(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
+
 // softmax_step over a whole chunk s[0, kChunk) (kChunk a multiple of 16) with 16 lanes at a
 // time; the keys from n on are masked (and come out as weight 0).
 inline float softmax_step_16(float* s, int64_t n, float& m, float& l) {
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   __m512 top = neg_inf;
   for (int64_t c = 0; c < kChunk; c += 16) {
-    const __mmask16 valid = c >= n ? 0 : n - c >= 16 ? 0xFFFF : (1u << (n - c)) - 1;
+    const __mmask16 valid = first_lanes(std::clamp<int64_t>(n - c, 0, 16));
     const __m512 v = _mm512_mask_mov_ps(neg_inf, valid, _mm512_loadu_ps(s + c));
     _mm512_storeu_ps(s + c, v);
     top = _mm512_max_ps(top, v);
@@ -170,10 +180,11 @@ inline void mask_chunk(float* s, int64_t c0, int64_t n, int64_t len) {
 }
 
 #if defined(__AVX512F__)
-// Every cache line of [p, p + bytes), into L1.
+// Every cache line of [p, p + bytes), into L2 (kAheadChunks of K and V, ~49 KiB for SmolLM2,
+// would crowd L1).
 inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64)
-    _mm_prefetch(static_cast<const char*>(p) + i, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(p) + i, _MM_HINT_T1);
 }
 #endif
 
@@ -222,6 +233,53 @@ void attend_float(const AttentionProblem& a, const T* q, const T* kc, const T* v
 }
 
 #if defined(__AVX512BF16__)
+// States weighed together by one pass over a chunk's value rows: their accumulators fit the
+// registers beside a row (4·2·NC + 2·NC of 32 zmm for head_dim 64; 2 for wider heads).
+template <int NC>
+constexpr int64_t kHeldStates = NC <= 2 ? 4 : 2;
+
+template <typename T>
+struct ValueRows {  // the value rows of one KV head at a chunk's slots
+  const T* base;
+  int64_t slot_stride;
+  const int64_t* slots;
+  int64_t n;
+};
+
+struct NextRows {  // the next chunk's K and V rows of the same head, to prefetch (n of them)
+  const c10::BFloat16* k;
+  const c10::BFloat16* v;
+  int64_t k_slot, v_slot;
+  const int64_t* slots;
+  int64_t n;
+};
+
+// acc_t += Σ_c w_t[c] · V[c] for H states, each row converted once; prefetches a next row's
+// K and V as it goes, so that the next chunk arrives while this one is weighed.
+template <int NC, int H>
+inline void weigh_values(const ValueRows<c10::BFloat16>& rows, const NextRows& ahead,
+                         float* const* accs, const float* const* ws) {
+  constexpr int64_t d = NC * 32;
+  __m512 acc[H][2 * NC];  // compile-time trip counts throughout: kept in registers
+  for (int t = 0; t < H; ++t)
+    for (int e = 0; e < 2 * NC; ++e) acc[t][e] = _mm512_loadu_ps(accs[t] + 16 * e);
+  for (int64_t c = 0; c < rows.n; ++c) {
+    if (c < ahead.n) {
+      prefetch_bytes(ahead.k + ahead.slots[c] * ahead.k_slot, d * 2);
+      prefetch_bytes(ahead.v + ahead.slots[c] * ahead.v_slot, d * 2);
+    }
+    const c10::BFloat16* v = rows.base + rows.slots[c] * rows.slot_stride;
+    __m512 row[2 * NC];
+    for (int e = 0; e < 2 * NC; ++e) row[e] = llmbench_simd::load16(v + 16 * e);
+    for (int t = 0; t < H; ++t) {
+      const __m512 w = _mm512_set1_ps(ws[t][c]);
+      for (int e = 0; e < 2 * NC; ++e) acc[t][e] = _mm512_fmadd_ps(w, row[e], acc[t][e]);
+    }
+  }
+  for (int t = 0; t < H; ++t)
+    for (int e = 0; e < 2 * NC; ++e) _mm512_storeu_ps(accs[t] + 16 * e, acc[t][e]);
+}
+
 // One item with q·k through VDPBF16PS, head_dim = NC·32.
 template <int NC>
 void attend_bf16(const AttentionProblem& a, const c10::BFloat16* q, const c10::BFloat16* kc,
@@ -232,18 +290,23 @@ void attend_bf16(const AttentionProblem& a, const c10::BFloat16* q, const c10::B
   const int32_t* table = a.block_tables + run.first * a.max_blocks;
   const __m512 scale = _mm512_set1_ps(a.scale);
   int64_t slots[kChunk];
-  alignas(64) float sums[16];
+  constexpr int64_t kHeld = kHeldStates<NC>;
   std::vector<float> scores(states * kChunk, 0.0f);
-  const int64_t slot_bytes = 2 * a.num_kv_heads * d * 2;
   for (int64_t c0 = p0; c0 < p1; c0 += kChunk) {
     const int64_t n = std::min(kChunk, p1 - c0);
     slots_of(table, a.block_size, c0, c0 + n, slots);
-    // The next chunk's slots while this one is used (K and V of every head, whole).
-    if (c0 + kChunk < p1) {
-      int64_t next[kChunk];
-      const int64_t n_next = std::min(kChunk, p1 - c0 - kChunk);
-      slots_of(table, a.block_size, c0 + kChunk, c0 + kChunk + n_next, next);
-      for (int64_t c = 0; c < n_next; ++c) prefetch_bytes(kc + next[c] * a.k_slot, slot_bytes);
+    int64_t next[kChunk];
+    const int64_t ahead0 = c0 + kAheadChunks * kChunk;
+    const int64_t n_next = std::max<int64_t>(0, std::min(kChunk, p1 - ahead0));
+    slots_of(table, a.block_size, ahead0, ahead0 + n_next, next);
+    if (c0 == p0) {  // the item's first chunks, which nothing prefetched: all at once
+      int64_t first[kChunk];
+      for (int64_t f0 = p0; f0 < std::min(p1, ahead0); f0 += kChunk) {
+        const int64_t nf = std::min(kChunk, p1 - f0);
+        slots_of(table, a.block_size, f0, f0 + nf, first);
+        for (int64_t c = 0; c < nf; ++c)
+          prefetch_bytes(kc + first[c] * a.k_slot, 2 * a.num_kv_heads * d * 2);
+      }
     }
     for (int64_t kv = 0; kv < a.num_kv_heads; ++kv) {
       // Scores: per state, 16 keys' products summed by one lane-sum tree.
@@ -264,8 +327,8 @@ void attend_bf16(const AttentionProblem& a, const c10::BFloat16* q, const c10::B
                 acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(keys[r] + 32 * c), qv[c]);
               dots[r] = acc;
             }
-            _mm512_store_ps(sums, _mm512_mul_ps(llmbench_simd::sum_lanes_16(dots), scale));
-            std::memcpy(scores.data() + (i * g + j) * kChunk + k0, sums, count * sizeof(float));
+            _mm512_mask_storeu_ps(scores.data() + (i * g + j) * kChunk + k0, first_lanes(count),
+                                  _mm512_mul_ps(llmbench_simd::sum_lanes_16(dots), scale));
           }
       }
       // Softmax step per state; the accumulators rescaled.
@@ -282,31 +345,25 @@ void attend_bf16(const AttentionProblem& a, const c10::BFloat16* q, const c10::B
         }
       // Values: each row converted to float32 once (a 16-bit shift), then weighed for up to
       // kHeld states at a time with float32 weights (FMA), their accumulators in registers.
-      constexpr int64_t kHeld = NC <= 2 ? 4 : 2;
+      // The first group also prefetches this head's K and V of the next chunk, a slot a row.
       for (int64_t s0 = 0; s0 < states; s0 += kHeld) {
         const int64_t held = std::min<int64_t>(kHeld, states - s0);
         float* accs[kHeld];
         const float* ws[kHeld];
-        for (int64_t t = 0; t < kHeld; ++t) {  // past `held`: the first state again, unused
-          const int64_t local = s0 + (t < held ? t : 0), i = local / g, j = local % g;
+        for (int64_t t = 0; t < held; ++t) {
+          const int64_t local = s0 + t, i = local / g, j = local % g;
           accs[t] = st.acc.data() + (i * a.num_heads + kv * g + j) * d;
           ws[t] = scores.data() + local * kChunk;
         }
-        // Compile-time trip counts throughout, so that the accumulators stay in registers.
-        __m512 acc[kHeld][2 * NC];
-        for (int64_t t = 0; t < kHeld; ++t)
-          for (int e = 0; e < 2 * NC; ++e) acc[t][e] = _mm512_loadu_ps(accs[t] + 16 * e);
-        for (int64_t c = 0; c < n; ++c) {
-          const c10::BFloat16* v = vc + slots[c] * a.v_slot + kv * d;
-          __m512 row[2 * NC];
-          for (int e = 0; e < 2 * NC; ++e) row[e] = llmbench_simd::load16(v + 16 * e);
-          for (int64_t t = 0; t < kHeld; ++t) {
-            const __m512 w = _mm512_set1_ps(ws[t][c]);
-            for (int e = 0; e < 2 * NC; ++e) acc[t][e] = _mm512_fmadd_ps(w, row[e], acc[t][e]);
-          }
+        const ValueRows<c10::BFloat16> rows_v{vc + kv * d, a.v_slot, slots, n};
+        const NextRows ahead{kc + kv * d, vc + kv * d, a.k_slot, a.v_slot, next,
+                             s0 == 0 ? n_next : 0};
+        switch (held) {
+          case 1: weigh_values<NC, 1>(rows_v, ahead, accs, ws); break;
+          case 2: weigh_values<NC, 2>(rows_v, ahead, accs, ws); break;
+          case 3: weigh_values<NC, 3>(rows_v, ahead, accs, ws); break;
+          default: weigh_values<NC, kHeld>(rows_v, ahead, accs, ws); break;
         }
-        for (int64_t t = 0; t < held; ++t)
-          for (int e = 0; e < 2 * NC; ++e) _mm512_storeu_ps(accs[t] + 16 * e, acc[t][e]);
       }
     }
   }
@@ -388,10 +445,12 @@ void decode_attention_impl(const AttentionProblem& a, const T* q, const T* kc, c
   });
 }
 
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
-                                  const at::Tensor& value_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, int64_t block_size,
-                                  double scale, int64_t max_context_len) {
+}  // namespace
+
+at::Tensor llmbench_ops::paged_decode_attention(
+    const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+    const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
+    double scale, int64_t max_context_len, at::Tensor out) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "paged_decode_attention: q must be [B, nh, d]");
   TORCH_CHECK(key_cache.dim() == 3 && value_cache.dim() == 3 &&
                   key_cache.sizes() == value_cache.sizes() && key_cache.size(2) == q.size(2) &&
@@ -410,7 +469,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_cac
                   context_lens.scalar_type() == at::kInt && context_lens.is_contiguous(),
               "paged_decode_attention: context_lens must be a contiguous int32 [B]");
   TORCH_CHECK(block_size > 0 && max_context_len > 0, "paged_decode_attention: sizes must be > 0");
-  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  if (out.defined()) check_out("paged_decode_attention", out, q.size(0), q.size(1) * q.size(2), q);
+  else out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   if (q.size(0) == 0) return out;
   AttentionProblem a;
   a.batch = q.size(0);
@@ -436,6 +496,17 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_cac
                                     value_cache.data_ptr<scalar_t>(), out.data_ptr<scalar_t>());
   });
   return out;
+}
+
+namespace {
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
+                                  const at::Tensor& value_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& context_lens, int64_t block_size,
+                                  double scale, int64_t max_context_len) {
+  return llmbench_ops::paged_decode_attention(q, key_cache, value_cache, block_tables,
+                                              context_lens, block_size, scale, max_context_len,
+                                              at::Tensor());
 }
 
 }  // namespace

@@ -12,6 +12,11 @@
 // model's decode step has ~15 ops a layer at a few microseconds of Python and dispatch each:
 // as much as its matmuls (with int4 weights, twice as much).
 //
+// The ops are this library's, called as C++ functions (ops.h), not through the dispatcher, each
+// writing into a `Workspace` allocated once a call: through the dispatcher each allocated its
+// output, 2.5-4 µs a time with the allocator's code and data cold (8 a layer). Each still makes
+// the profiler event the dispatcher would (`OpEvent`).
+//
 // Each matmul's weight is a list: [W] (float, [N, K]) or [codes, scales] in quant_gemv's
 // layouts (int4: uint8 codes and float16 scale_zero; int8: int8 codes and float32 scale).
 #include <ATen/ATen.h>
@@ -20,6 +25,10 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <string>
+#include <vector>
+
+#include "ops.h"
 
 #ifndef LLMBENCH_EXTENSION_NAMESPACE
 #define LLMBENCH_EXTENSION_NAMESPACE llmbench_cpu_ext
@@ -29,45 +38,67 @@
 
 namespace {
 
-using OptTensor = c10::optional<at::Tensor>;
+using llmbench_ops::OptTensor;
 
-// This library's own ops, found once through the dispatcher.
+// A profiler event for an op called directly, as the dispatcher records one: the op's name in
+// this library's namespace and its inputs (made only when the profiler asks for shapes).
+// `llmbench profile` attributes a fused layer's time by these children (`profile.FUSED_LAYERS`);
+// without a profiler, or under the op clock's DisableRecordFunctionGuard, it records nothing.
+class OpEvent {
+ public:
+  template <typename Inputs>
+  OpEvent(const char* name, Inputs inputs) : guard_(at::RecordScope::FUNCTION) {
+    if (!guard_.isActive()) return;
+    if (!guard_.needsInputs()) {
+      guard_.before(name);
+      return;
+    }
+    const std::vector<c10::IValue> values = inputs();
+    guard_.before(name, c10::ArrayRef<const c10::IValue>(values.data(), values.size()));
+  }
+
+ private:
+  at::RecordFunction guard_;
+};
+
+#define LLMBENCH_OP(name) LLMBENCH_STR(LLMBENCH_EXTENSION_NAMESPACE) "::" name
+
+// This library's ops, found once through the dispatcher.
 c10::OperatorHandle op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(
       (std::string(LLMBENCH_STR(LLMBENCH_EXTENSION_NAMESPACE)) + "::" + name).c_str(), "");
 }
 
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const OptTensor& bias,
-                const OptTensor& residual) {
-  static auto f = op("gemv").typed<at::Tensor(const at::Tensor&, const at::Tensor&,
-                                               const OptTensor&, const OptTensor&)>();
-  return f.call(x, w, bias, residual);
-}
-
-// The library's int8/int4 matmuls, one signature: `quant_gemv` (x quantised, few rows) when
-// `is_fast`, else the weight-only `quant_gemm`.
-at::Tensor quant_matmul(bool is_fast, const at::Tensor& x, const at::Tensor& codes,
-                        const OptTensor& scale_zero, const OptTensor& scale, int64_t out_features,
-                        const OptTensor& bias, const OptTensor& residual) {
+// The weight-only `quant_gemm` (rows above quant_gemv's), through the dispatcher: it allocates
+// its own output, a cost shared by its many rows.
+at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& codes, const OptTensor& scale_zero,
+                      const OptTensor& scale, int64_t out_features, const OptTensor& bias,
+                      const OptTensor& residual) {
   using Signature = at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
                                const OptTensor&, int64_t, const OptTensor&, const OptTensor&);
-  static auto gemv = op("quant_gemv").typed<Signature>();
   static auto gemm = op("quant_gemm").typed<Signature>();
-  return (is_fast ? gemv : gemm).call(x, codes, scale_zero, scale, out_features, bias, residual);
+  return gemm.call(x, codes, scale_zero, scale, out_features, bias, residual);
 }
 
 // x @ W^T (+ bias) (+ residual) → [M, out_features] for a weight list (above), as the engine's
 // layers compute it outside this call: up to `fast_max_rows` rows through the library's
-// `gemv` (float W) or `quant_gemv` (codes); above, torch's matmul (oneDNN: on a CPU with AMX,
-// its tiles), exactly as `engine.linear.Linear` calls it, or the library's weight-only
-// `quant_gemm` on the codes, exactly as `quant.linear.VnniLinear` does.
+// `gemv` (float W) or `quant_gemv` (codes), into `y`; above, torch's matmul (oneDNN: on a CPU
+// with AMX, its tiles), exactly as `engine.linear.Linear` calls it, or the library's
+// weight-only `quant_gemm` on the codes, exactly as `quant.linear.VnniLinear` does, into a
+// tensor of their own.
 at::Tensor linear(const at::Tensor& x, at::TensorList w, int64_t out_features,
-                  const OptTensor& bias, const OptTensor& residual, int64_t fast_max_rows) {
+                  const OptTensor& bias, const OptTensor& residual, int64_t fast_max_rows,
+                  const at::Tensor& y) {
   TORCH_CHECK(w.size() == 1 || w.size() == 2,
               "decode_layer: a weight is [W] or [codes, scales], got ", w.size(), " tensors");
   const bool is_fast = x.size(0) <= fast_max_rows;
   if (w.size() == 1) {
-    if (is_fast) return gemv(x, w[0], bias, residual);
+    if (is_fast) {
+      OpEvent event(LLMBENCH_OP("gemv"), [&] {
+        return std::vector<c10::IValue>{x, w[0], bias, residual};
+      });
+      return llmbench_ops::gemv(x, w[0], bias, residual, y);
+    }
     at::Tensor add;
     if (residual && bias) add = *residual + *bias;
     else if (residual) add = *residual;
@@ -77,40 +108,72 @@ at::Tensor linear(const at::Tensor& x, at::TensorList w, int64_t out_features,
   const bool is_int4 = w[0].scalar_type() == at::kByte;
   const OptTensor scale_zero = is_int4 ? OptTensor(w[1]) : c10::nullopt;
   const OptTensor scale = is_int4 ? c10::nullopt : OptTensor(w[1]);
-  return quant_matmul(is_fast, x, w[0], scale_zero, scale, out_features, bias, residual);
+  if (!is_fast) return quant_gemm(x, w[0], scale_zero, scale, out_features, bias, residual);
+  OpEvent event(LLMBENCH_OP("quant_gemv"), [&] {
+    return std::vector<c10::IValue>{x, w[0], scale_zero, scale, out_features, bias, residual};
+  });
+  return llmbench_ops::quant_gemv(x, w[0], scale_zero, scale, out_features, bias, residual, y);
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  static auto f = op("rms_norm").typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
-  return f.call(x, w, eps);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& y) {
+  OpEvent event(LLMBENCH_OP("rms_norm"), [&] { return std::vector<c10::IValue>{x, w, eps}; });
+  return llmbench_ops::rms_norm(x, w, eps, y);
 }
 
-void rope(at::Tensor x, const at::Tensor& positions, const at::Tensor& cos_sin, int64_t d) {
-  static auto f = op("rope_").typed<void(at::Tensor, const at::Tensor&, const at::Tensor&,
-                                         int64_t)>();
-  f.call(x, positions, cos_sin, d);
+void rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin,
+          int64_t d) {
+  OpEvent event(LLMBENCH_OP("rope_"), [&] {
+    return std::vector<c10::IValue>{x, positions, cos_sin, d};
+  });
+  llmbench_ops::rope_(x, positions, cos_sin, d);
 }
 
-at::Tensor silu_and_mul(const at::Tensor& gate_up) {
-  static auto f = op("silu_and_mul").typed<at::Tensor(const at::Tensor&)>();
-  return f.call(gate_up);
+at::Tensor silu_and_mul(const at::Tensor& gate_up, const at::Tensor& out) {
+  OpEvent event(LLMBENCH_OP("silu_and_mul"), [&] { return std::vector<c10::IValue>{gate_up}; });
+  return llmbench_ops::silu_and_mul(gate_up, out);
 }
 
-void write_kv(at::Tensor kv, const at::Tensor& fresh, const at::Tensor& slot_mapping) {
-  static auto f =
-      op("write_kv_").typed<void(at::Tensor, const at::Tensor&, const at::Tensor&)>();
-  f.call(kv, fresh, slot_mapping);
+void write_kv(const at::Tensor& kv, const at::Tensor& fresh, const at::Tensor& slot_mapping) {
+  OpEvent event(LLMBENCH_OP("write_kv_"), [&] {
+    return std::vector<c10::IValue>{kv, fresh, slot_mapping};
+  });
+  llmbench_ops::write_kv_(kv, fresh, slot_mapping);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& tables, const at::Tensor& lens, int64_t block_size,
-                     double scale, int64_t max_len) {
-  static auto f = op("paged_decode_attention")
-                      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const at::Tensor&, const at::Tensor&, int64_t, double,
-                                        int64_t)>();
-  return f.call(q, k, v, tables, lens, block_size, scale, max_len);
+                     double scale, int64_t max_len, const at::Tensor& out) {
+  OpEvent event(LLMBENCH_OP("paged_decode_attention"), [&] {
+    return std::vector<c10::IValue>{q, k, v, tables, lens, block_size, scale, max_len};
+  });
+  return llmbench_ops::paged_decode_attention(q, k, v, tables, lens, block_size, scale, max_len,
+                                              out);
 }
+
+// The outputs of a layer's ops, allocated once a call of decode_layer(s) and written by every
+// layer: the norms' (h), qkv, attention's [B, nh·d], gate_up and act, and two residual
+// streams, each layer's o_proj writing the one its input is not in and down_proj the other.
+struct Workspace {
+  at::Tensor h, qkv, attn, gate_up, act, streams[2];
+
+  Workspace(const at::Tensor& x, int64_t qkv_size, int64_t q_size, int64_t inter) {
+    at::DisableRecordFunctionGuard no_events;  // not an op of the layer's: no profile rows
+    const int64_t rows = x.size(0), hidden = x.size(1);
+    const at::TensorOptions options = x.options();
+    h = at::empty({rows, hidden}, options);
+    qkv = at::empty({rows, qkv_size}, options);
+    attn = at::empty({rows, q_size}, options);
+    gate_up = at::empty({rows, 2 * inter}, options);
+    act = at::empty({rows, inter}, options);
+    streams[0] = at::empty({rows, hidden}, options);
+    streams[1] = at::empty({rows, hidden}, options);
+  }
+
+  // A residual stream that does not hold `x` (written while x is read).
+  const at::Tensor& stream_apart_from(const at::Tensor& x) const {
+    return x.is_same(streams[0]) ? streams[1] : streams[0];
+  }
+};
 
 // A view of `base` `offset` elements into it, with these sizes and strides, as a TensorImpl
 // made here: in a decode step ATen's view ops (narrow, select, view) took ~23 µs for a layer's
@@ -167,7 +230,7 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& input_norm,
                  const at::Tensor& block_tables, const at::Tensor& context_lens,
                  int64_t block_size, double scale, int64_t max_context_len,
                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                 int64_t fast_max_rows, int64_t* op_ns) {
+                 int64_t fast_max_rows, const Workspace& ws, int64_t* op_ns) {
   OpClock clock(op_ns);
   const int64_t rows = x.size(0), hidden = x.size(1), q_size = num_heads * head_dim;
   const int64_t qk_size = q_size + num_kv_heads * head_dim;
@@ -176,10 +239,10 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& input_norm,
                   kv.size(3) == head_dim && kv.scalar_type() == x.scalar_type() &&
                   kv.is_contiguous(),
               "decode_layer: kv must be the layer's contiguous [S, 2, nkv, d] cache in x's dtype");
-  at::Tensor h = rms_norm(x, input_norm, eps);
+  at::Tensor h = rms_norm(x, input_norm, eps, ws.h);
   clock.lap(0);
   const int64_t most = fast_max_rows;
-  at::Tensor qkv = linear(h, qkv_weight, qkv_size, qkv_bias, c10::nullopt, most);  // [B, qkv]
+  at::Tensor qkv = linear(h, qkv_weight, qkv_size, qkv_bias, c10::nullopt, most, ws.qkv);
   clock.lap(1);
   // Views of qkv ([B, qkv], rows contiguous) and of the cache ([S, 2, nkv, d]), made by
   // `view_of`, not ATen's view ops.
@@ -197,21 +260,21 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& input_norm,
   clock.lap(2);
   write_kv(kv, fresh_kv, slot_mapping);
   clock.lap(3);
-  at::Tensor attn = attention(q, k_cache, v_cache, block_tables, context_lens, block_size, scale,
-                              max_context_len);
+  const at::Tensor attn = attention(q, k_cache, v_cache, block_tables, context_lens, block_size,
+                                    scale, max_context_len, ws.attn);  // [B, nh·d]
   clock.lap(4);
-  TORCH_CHECK(attn.is_contiguous(), "decode_layer: attention's output must be contiguous");
-  attn = view_of(attn, 0, {rows, q_size}, {q_size, 1});
-  at::Tensor out = linear(attn, o_weight, hidden, c10::nullopt, x, most);
+  at::Tensor out = linear(attn, o_weight, hidden, c10::nullopt, x, most, ws.stream_apart_from(x));
   clock.lap(5);
-  h = rms_norm(out, post_norm, eps);
+  h = rms_norm(out, post_norm, eps, ws.h);
   clock.lap(6);
   const int64_t inter = intermediate_size;
-  at::Tensor gate_up = linear(h, gate_up_weight, 2 * inter, c10::nullopt, c10::nullopt, most);
+  const at::Tensor gate_up =
+      linear(h, gate_up_weight, 2 * inter, c10::nullopt, c10::nullopt, most, ws.gate_up);
   clock.lap(7);
-  at::Tensor act = silu_and_mul(gate_up);
+  const at::Tensor act = silu_and_mul(gate_up, ws.act);
   clock.lap(8);
-  at::Tensor y = linear(act, down_weight, hidden, c10::nullopt, out, most);
+  at::Tensor y = linear(act, down_weight, hidden, c10::nullopt, out, most,
+                        ws.stream_apart_from(out));
   clock.lap(9);
   return y;
 }
@@ -226,10 +289,12 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
                         int64_t block_size, double scale, int64_t max_context_len,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         int64_t fast_max_rows) {
+  const int64_t q_size = num_heads * head_dim;
+  const Workspace ws(x, q_size + 2 * num_kv_heads * head_dim, q_size, intermediate_size);
   return layer(x, input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight,
                down_weight, intermediate_size, eps, positions, cos_sin, kv, slot_mapping,
                block_tables, context_lens, block_size, scale, max_context_len, num_heads,
-               num_kv_heads, head_dim, fast_max_rows, nullptr);
+               num_kv_heads, head_dim, fast_max_rows, ws, nullptr);
 }
 
 // Every layer of a dense model in one call: `layer` for each in turn (a C++ call, not through
@@ -270,13 +335,15 @@ at::Tensor decode_layers(const at::Tensor& x, at::TensorList input_norms,
     ns = op_ns->data_ptr<int64_t>();
     no_events.emplace();
   }
+  const int64_t q_size = num_heads * head_dim;
+  const Workspace ws(x, q_size + 2 * num_kv_heads * head_dim, q_size, intermediate_size);
   at::Tensor h = x;
   for (int64_t i = 0; i < layers; ++i)
     h = layer(h, input_norms[i], qkv_weights.slice(i * n, n), qkv_biases.get(i),
               o_weights.slice(i * n, n), post_norms[i], gate_up_weights.slice(i * n, n),
               down_weights.slice(i * n, n), intermediate_size, eps, positions, cos_sin, kv[i],
               slot_mapping, block_tables, context_lens, block_size, scale, max_context_len,
-              num_heads, num_kv_heads, head_dim, fast_max_rows,
+              num_heads, num_kv_heads, head_dim, fast_max_rows, ws,
               ns ? ns + i * kLayerOps : nullptr);
   return h;
 }

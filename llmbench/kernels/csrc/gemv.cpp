@@ -33,6 +33,7 @@
 #endif
 
 #include "gemv_amx.h"
+#include "ops.h"
 #include "simd.h"
 
 #ifndef LLMBENCH_EXTENSION_NAMESPACE
@@ -279,8 +280,12 @@ at::Tensor gemv_amx(const Problem& p, at::Tensor y) {
 }
 #endif
 
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                const c10::optional<at::Tensor>& residual) {
+std::string isa() { return kIsa; }
+
+}  // namespace
+
+at::Tensor llmbench_ops::gemv(const at::Tensor& x, const at::Tensor& weight,
+                              const OptTensor& bias, const OptTensor& residual, at::Tensor y) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "gemv: CPU tensors only");
   const at::ScalarType dtype = weight.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
@@ -303,7 +308,8 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const c10::option
                     residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1,
                 "gemv: residual must be [M, N] in x's dtype with contiguous rows");
   }
-  at::Tensor y = at::empty({M, N}, x.options());
+  if (y.defined()) check_out("gemv", y, M, N, x);
+  else y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
 
   Problem p;
@@ -349,7 +355,12 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const c10::option
   return y;
 }
 
-std::string isa() { return kIsa; }
+namespace {
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight,
+                const llmbench_ops::OptTensor& bias, const llmbench_ops::OptTensor& residual) {
+  return llmbench_ops::gemv(x, weight, bias, residual, at::Tensor());
+}
 
 }  // namespace
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "gemv_amx.h"
+#include "ops.h"
 #include "simd.h"
 
 #ifndef LLMBENCH_EXTENSION_NAMESPACE
@@ -179,9 +180,8 @@ struct QuantProblem {
 };
 
 template <typename T>
-at::Tensor run(const QuantProblem& p, const at::Tensor& x, const c10::optional<at::Tensor>& bias,
-               const c10::optional<at::Tensor>& residual) {
-  at::Tensor y = at::empty({p.M, p.N}, x.options());
+void run(const QuantProblem& p, const at::Tensor& x, const c10::optional<at::Tensor>& bias,
+         const c10::optional<at::Tensor>& residual, at::Tensor& y) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const T* xp = x.data_ptr<T>();
   std::vector<QuantizedRow> xs(p.M);
@@ -233,7 +233,6 @@ at::Tensor run(const QuantProblem& p, const at::Tensor& x, const c10::optional<a
     }
   });
 #endif
-  return y;
 }
 
 // The problem of y = x @ dequant(W)^T (+ bias) (+ residual), its arguments checked (`op` names
@@ -289,18 +288,31 @@ QuantProblem checked_problem(const char* op, const at::Tensor& x, const at::Tens
   return p;
 }
 
+}  // namespace
+
+at::Tensor llmbench_ops::quant_gemv(const at::Tensor& x, const at::Tensor& codes,
+                                    const OptTensor& scale_zero, const OptTensor& scale,
+                                    int64_t out_features, const OptTensor& bias,
+                                    const OptTensor& residual, at::Tensor y) {
+  const QuantProblem p =
+      checked_problem("quant_gemv", x, codes, scale_zero, scale, out_features, bias, residual);
+  if (y.defined()) check_out("quant_gemv", y, p.M, p.N, x);
+  else y = at::empty({p.M, p.N}, x.options());
+  dispatch_float(x.scalar_type(), "quant_gemv", [&](auto tag) {
+    run<decltype(tag)>(p, x, bias, residual, y);
+  });
+  return y;
+}
+
+namespace {
+
 at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
                       const c10::optional<at::Tensor>& scale_zero,
                       const c10::optional<at::Tensor>& scale, int64_t out_features,
                       const c10::optional<at::Tensor>& bias,
                       const c10::optional<at::Tensor>& residual) {
-  const QuantProblem p =
-      checked_problem("quant_gemv", x, codes, scale_zero, scale, out_features, bias, residual);
-  at::Tensor y;
-  dispatch_float(x.scalar_type(), "quant_gemv", [&](auto tag) {
-    y = run<decltype(tag)>(p, x, bias, residual);
-  });
-  return y;
+  return llmbench_ops::quant_gemv(x, codes, scale_zero, scale, out_features, bias, residual,
+                                  at::Tensor());
 }
 
 // ---------------------------------------------------------------------------------------------

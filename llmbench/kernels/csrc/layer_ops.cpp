@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops.h"
 #include "simd.h"
 
 #ifndef LLMBENCH_EXTENSION_NAMESPACE
@@ -59,12 +60,16 @@ void rms_norm_rows(const T* x, int64_t x_row, const T* w, T* y, int64_t rows, in
   });
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+}  // namespace
+
+at::Tensor llmbench_ops::rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                  at::Tensor y) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rms_norm: x must be [T, h] with contiguous rows");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous() &&
                   weight.scalar_type() == x.scalar_type(),
               "rms_norm: weight must be a contiguous [h] vector in x's dtype");
-  at::Tensor y = at::empty({x.size(0), x.size(1)}, x.options());
+  if (y.defined()) check_out("rms_norm", y, x.size(0), x.size(1), x);
+  else y = at::empty({x.size(0), x.size(1)}, x.options());
   dispatch_float(x.scalar_type(), "rms_norm", [&](auto tag) {
     using scalar_t = decltype(tag);
     rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), x.stride(0), weight.data_ptr<scalar_t>(),
@@ -73,6 +78,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   });
   return y;
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // RoPE in place on x [T, heads·d] whose columns hold interleaved pairs (x[2i], x[2i+1]):
@@ -129,8 +136,10 @@ void rope_rows(T* x, int64_t x_row, int64_t rows, int64_t width, const int64_t* 
   });
 }
 
-void rope_(at::Tensor x, const at::Tensor& positions, const at::Tensor& cos_sin,
-           int64_t head_dim) {
+}  // namespace
+
+void llmbench_ops::rope_(at::Tensor x, const at::Tensor& positions, const at::Tensor& cos_sin,
+                         int64_t head_dim) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rope_: x must be [T, heads*d] with contiguous rows");
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && x.size(1) % head_dim == 0,
               "rope_: x's width must be a multiple of an even head_dim");
@@ -146,6 +155,8 @@ void rope_(at::Tensor x, const at::Tensor& positions, const at::Tensor& cos_sin,
                         positions.data_ptr<int64_t>(), cos_sin.data_ptr<float>(), head_dim / 2);
   });
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // SwiGLU's activation: out[t, j] = silu(g) · u = g / (1 + e^−g) · u, g = gate_up[t, j],
@@ -184,11 +195,14 @@ void silu_and_mul_rows(const T* gate_up, int64_t row_stride, T* out, int64_t row
   });
 }
 
-at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+}  // namespace
+
+at::Tensor llmbench_ops::silu_and_mul(const at::Tensor& gate_up, at::Tensor out) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
               "silu_and_mul: gate_up must be [T, 2I] with contiguous rows");
   const int64_t inter = gate_up.size(1) / 2;
-  at::Tensor out = at::empty({gate_up.size(0), inter}, gate_up.options());
+  if (out.defined()) check_out("silu_and_mul", out, gate_up.size(0), inter, gate_up);
+  else out = at::empty({gate_up.size(0), inter}, gate_up.options());
   dispatch_float(gate_up.scalar_type(), "silu_and_mul", [&](auto tag) {
     using scalar_t = decltype(tag);
     silu_and_mul_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), gate_up.stride(0),
@@ -200,7 +214,8 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
 // ---------------------------------------------------------------------------------------------
 // Each row's fresh K and V ([rows, 2·nkv·d] at a row stride) into its slot of the layer's
 // cache [S, 2, nkv, d]: one copy a row (index_copy_ does the same through a TensorIterator).
-void write_kv_(at::Tensor kv, const at::Tensor& fresh, const at::Tensor& slot_mapping) {
+void llmbench_ops::write_kv_(at::Tensor kv, const at::Tensor& fresh,
+                             const at::Tensor& slot_mapping) {
   TORCH_CHECK(kv.dim() == 4 && kv.is_contiguous() && fresh.dim() == 2 && fresh.stride(1) == 1 &&
                   fresh.size(1) == kv.size(1) * kv.size(2) * kv.size(3) &&
                   fresh.scalar_type() == kv.scalar_type(),
@@ -221,6 +236,16 @@ void write_kv_(at::Tensor kv, const at::Tensor& fresh, const at::Tensor& slot_ma
   }
 }
 
+namespace {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return llmbench_ops::rms_norm(x, weight, eps, at::Tensor());
+}
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  return llmbench_ops::silu_and_mul(gate_up, at::Tensor());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
@@ -232,7 +257,7 @@ TORCH_LIBRARY_FRAGMENT(LLMBENCH_EXTENSION_NAMESPACE, m) {
 
 TORCH_LIBRARY_IMPL(LLMBENCH_EXTENSION_NAMESPACE, CPU, m) {
   m.impl("rms_norm", &rms_norm);
-  m.impl("rope_", &rope_);
+  m.impl("rope_", &llmbench_ops::rope_);
   m.impl("silu_and_mul", &silu_and_mul);
-  m.impl("write_kv_", &write_kv_);
+  m.impl("write_kv_", &llmbench_ops::write_kv_);
 }
