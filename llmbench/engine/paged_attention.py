@@ -275,8 +275,8 @@ def build_attention_batch(
     chunks: list[Chunk], block_size: int, device: torch.device, dtype: torch.dtype
 ) -> AttentionBatch:
     """Index tensors for one step whose flat batch is the chunks' tokens in order."""
-    if all(c.num_tokens == 1 for c in chunks):
-        return _decode_step_batch(chunks, block_size, device, dtype)
+    if all(_is_rowwise(c) for c in chunks):
+        return _rowwise_step_batch(chunks, block_size, device, dtype)
     context_lens = [c.start + c.num_tokens for c in chunks]
     blocks = padded_block_tables([c.block_table for c in chunks], device)  # [N, max_blocks]
     slots = context_slots(blocks, context_lens, block_size)
@@ -285,9 +285,7 @@ def build_attention_batch(
     for i, chunk in enumerate(chunks):
         end = chunk.start + chunk.num_tokens
         new_slots.append(slots[i, chunk.start : end])
-        if chunk.num_tokens == 1 or (
-            chunk.start > 0 and chunk.num_tokens <= MAX_ROWWISE_CHUNK_LEN
-        ):  # row j of the chunk sees positions 0 ..= start + j
+        if _is_rowwise(chunk):  # row j of the chunk sees positions 0 ..= start + j
             decode_rows += range(row, row + chunk.num_tokens)
             decode_seqs += [i] * chunk.num_tokens
             decode_lens += range(chunk.start + 1, end + 1)
@@ -311,25 +309,30 @@ def build_attention_batch(
     )
 
 
-def _decode_step_batch(
+def _is_rowwise(chunk: Chunk) -> bool:
+    """Whether the chunk's rows are attended one at a time (`DecodeBatch`): a decode, or a
+    short chunk after a cached context (speculative verification)."""
+    return chunk.num_tokens == 1 or (chunk.start > 0 and chunk.num_tokens <= MAX_ROWWISE_CHUNK_LEN)
+
+
+def _rowwise_step_batch(
     chunks: list[Chunk], block_size: int, device: torch.device, dtype: torch.dtype
 ) -> AttentionBatch:
-    """`build_attention_batch` for a step of one-token chunks only (a plain decode step): the
-    same tensors from host lists, three of them, without the general path's index arithmetic
-    on tensors (~0.25 ms a step on a CPU, where each op after a step's weights have streamed
-    through the caches runs cold).
+    """`build_attention_batch` for a step whose every chunk is attended row by row (a plain
+    decode step, or decodes and verifications): the same tensors from host lists, three of
+    them, without the general path's index arithmetic on tensors (~0.25 ms a step on a CPU,
+    where each op after a step's weights have streamed through the caches runs cold).
 
-    Formula, chunk at position p: slot = table[p // block_size]·block_size + p % block_size,
-    context len = p + 1.
+    Formula, row at position p: slot = table[p // block_size]·block_size + p % block_size,
+    context len = p + 1, block table its chunk's.
     """
-    lens = tuple(c.start + 1 for c in chunks)
-    new_slots = [
-        c.block_table[c.start // block_size] * block_size + c.start % block_size for c in chunks
-    ]
+    positions = [(c, p) for c in chunks for p in range(c.start, c.start + c.num_tokens)]
+    lens = tuple(p + 1 for _, p in positions)
+    new_slots = [c.block_table[p // block_size] * block_size + p % block_size for c, p in positions]
     max_blocks = max(len(c.block_table) for c in chunks)
-    tables = [list(c.block_table) + [0] * (max_blocks - len(c.block_table)) for c in chunks]
+    tables = [list(c.block_table) + [0] * (max_blocks - len(c.block_table)) for c, _ in positions]
     decodes = DecodeBatch(
-        row_ids=tuple(range(len(chunks))),
+        row_ids=tuple(range(len(positions))),
         is_whole_batch=True,
         block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
         context_lens=torch.tensor(lens, dtype=torch.int32, device=device),

@@ -230,9 +230,10 @@ def test_short_chunks_after_a_cached_context_are_attended_row_by_row_exactly(thr
 
 
 def test_a_step_of_decodes_only_has_the_general_paths_tensors():
-    """A plain decode step (every chunk one token) takes `build_attention_batch`'s short path:
-    its tensors are the ones worked out by hand from the block tables, and the gathered slots
-    and padding bias (for attention through torch) come from the block tables when asked for."""
+    """A step whose every chunk is attended row by row (here plain decodes) takes
+    `build_attention_batch`'s short path: its tensors are the ones worked out by hand from the
+    block tables, and the gathered slots and padding bias (for attention through torch) come
+    from the block tables when asked for."""
     tables = [[5, 2, 7], [1, 6], [4]]
     positions = [9, 4, 0]  # contexts of 10, 5 and 1 tokens
     chunks = [Chunk(p, 1, t) for p, t in zip(positions, tables, strict=True)]
@@ -262,3 +263,17 @@ def test_a_step_of_decodes_only_has_the_general_paths_tensors():
     assert torch.equal(mixed.slot_mapping[:3], batch.slot_mapping)
     assert mixed.decodes.lens == d.lens and torch.equal(mixed.decodes.slots, d.slots)
     assert torch.equal(mixed.decodes.block_tables, d.block_tables)
+
+
+def test_a_step_of_decodes_and_verifications_has_a_row_per_token():
+    """Speculative verification's chunk (its last token and 2 drafts after 9 cached tokens)
+    beside a decode: one row per token, each with its own slot and context, its chunk's table."""
+    chunks = [Chunk(9, 3, [5, 2, 7]), Chunk(4, 1, [1, 6])]
+    batch = build_attention_batch(chunks, BLOCK_SIZE, torch.device("cpu"), torch.float32)
+    d = batch.decodes
+    assert batch.prefills == [] and d.is_whole_batch and d.rows.tolist() == [0, 1, 2, 3]
+    # positions 9, 10, 11 (block 7: slots 29, 30, 31) and 4 (block 6: slot 24)
+    assert batch.slot_mapping.tolist() == [29, 30, 31, 24]
+    assert d.context_lens.tolist() == [10, 11, 12, 5] and batch.max_position == 11
+    assert d.block_tables.tolist() == [[5, 2, 7]] * 3 + [[1, 6, 0]]
+    assert (d.bias[:, 0, 0] == float("-inf")).sum(dim=1).tolist() == [2, 1, 0, 7]
