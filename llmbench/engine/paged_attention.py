@@ -401,8 +401,13 @@ def _decode(
         return _decode_attention(q, *_read(cache, d.slots, q.dtype), d.bias, scale)
     return decode_op(
         q,
-        *(cache[:, 0], cache[:, 1], d.block_tables, d.context_lens),
-        *(d.block_size, scale, d.max_context_len),
+        cache[:, 0],
+        cache[:, 1],
+        d.block_tables,
+        d.context_lens,
+        d.block_size,
+        scale,
+        d.max_context_len,
     )
 
 

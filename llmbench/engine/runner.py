@@ -76,7 +76,8 @@ class ModelRunner:
             return []
         # Only rows that end a sequence's known tokens get logits (and the rows of the drafts
         # it verifies): the lm_head is ~20% of SmolLM2's weights, and a 1,000-token prefill
-        # needs just one row of it. Distinct rows in order: as many as the step's are all of it.
+        # needs just one row of it. The rows are distinct and ascending: as many as the step has are
+        # all of them, in order, and need no gather.
         if len(logit_rows) < len(input_ids):
             hidden = hidden[to_device(logit_rows, self.device, torch.long)]
         return self._sample(self.model.compute_logits(hidden), batch)

@@ -15,7 +15,7 @@
 // The ops are this library's, called as C++ functions (ops.h), not through the dispatcher, each
 // writing into a `Workspace` allocated once a call: through the dispatcher each allocated its
 // output, 2.5-4 µs a time with the allocator's code and data cold (8 a layer). Each still makes
-// the profiler event the dispatcher would (`OpEvent`).
+// the profiler event the dispatcher would (`ProfilerEvent`).
 //
 // Each matmul's weight is a list: [W] (float, [N, K]) or [codes, scales] in quant_gemv's
 // layouts (int4: uint8 codes and float16 scale_zero; int8: int8 codes and float32 scale).
@@ -44,10 +44,10 @@ using llmbench_ops::OptTensor;
 // this library's namespace and its inputs (made only when the profiler asks for shapes).
 // `llmbench profile` attributes a fused layer's time by these children (`profile.FUSED_LAYERS`);
 // without a profiler, or under the op clock's DisableRecordFunctionGuard, it records nothing.
-class OpEvent {
+class ProfilerEvent {
  public:
   template <typename Inputs>
-  OpEvent(const char* name, Inputs inputs) : guard_(at::RecordScope::FUNCTION) {
+  ProfilerEvent(const char* name, Inputs inputs) : guard_(at::RecordScope::FUNCTION) {
     if (!guard_.isActive()) return;
     if (!guard_.needsInputs()) {
       guard_.before(name);
@@ -94,7 +94,7 @@ at::Tensor linear(const at::Tensor& x, at::TensorList w, int64_t out_features,
   const bool is_fast = x.size(0) <= fast_max_rows;
   if (w.size() == 1) {
     if (is_fast) {
-      OpEvent event(LLMBENCH_OP("gemv"), [&] {
+      ProfilerEvent event(LLMBENCH_OP("gemv"), [&] {
         return std::vector<c10::IValue>{x, w[0], bias, residual};
       });
       return llmbench_ops::gemv(x, w[0], bias, residual, y);
@@ -109,32 +109,36 @@ at::Tensor linear(const at::Tensor& x, at::TensorList w, int64_t out_features,
   const OptTensor scale_zero = is_int4 ? OptTensor(w[1]) : c10::nullopt;
   const OptTensor scale = is_int4 ? c10::nullopt : OptTensor(w[1]);
   if (!is_fast) return quant_gemm(x, w[0], scale_zero, scale, out_features, bias, residual);
-  OpEvent event(LLMBENCH_OP("quant_gemv"), [&] {
+  ProfilerEvent event(LLMBENCH_OP("quant_gemv"), [&] {
     return std::vector<c10::IValue>{x, w[0], scale_zero, scale, out_features, bias, residual};
   });
   return llmbench_ops::quant_gemv(x, w[0], scale_zero, scale, out_features, bias, residual, y);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& y) {
-  OpEvent event(LLMBENCH_OP("rms_norm"), [&] { return std::vector<c10::IValue>{x, w, eps}; });
+  ProfilerEvent event(LLMBENCH_OP("rms_norm"), [&] {
+    return std::vector<c10::IValue>{x, w, eps};
+  });
   return llmbench_ops::rms_norm(x, w, eps, y);
 }
 
 void rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin,
           int64_t d) {
-  OpEvent event(LLMBENCH_OP("rope_"), [&] {
+  ProfilerEvent event(LLMBENCH_OP("rope_"), [&] {
     return std::vector<c10::IValue>{x, positions, cos_sin, d};
   });
   llmbench_ops::rope_(x, positions, cos_sin, d);
 }
 
 at::Tensor silu_and_mul(const at::Tensor& gate_up, const at::Tensor& out) {
-  OpEvent event(LLMBENCH_OP("silu_and_mul"), [&] { return std::vector<c10::IValue>{gate_up}; });
+  ProfilerEvent event(LLMBENCH_OP("silu_and_mul"), [&] {
+    return std::vector<c10::IValue>{gate_up};
+  });
   return llmbench_ops::silu_and_mul(gate_up, out);
 }
 
 void write_kv(const at::Tensor& kv, const at::Tensor& fresh, const at::Tensor& slot_mapping) {
-  OpEvent event(LLMBENCH_OP("write_kv_"), [&] {
+  ProfilerEvent event(LLMBENCH_OP("write_kv_"), [&] {
     return std::vector<c10::IValue>{kv, fresh, slot_mapping};
   });
   llmbench_ops::write_kv_(kv, fresh, slot_mapping);
@@ -143,7 +147,7 @@ void write_kv(const at::Tensor& kv, const at::Tensor& fresh, const at::Tensor& s
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& tables, const at::Tensor& lens, int64_t block_size,
                      double scale, int64_t max_len, const at::Tensor& out) {
-  OpEvent event(LLMBENCH_OP("paged_decode_attention"), [&] {
+  ProfilerEvent event(LLMBENCH_OP("paged_decode_attention"), [&] {
     return std::vector<c10::IValue>{q, k, v, tables, lens, block_size, scale, max_len};
   });
   return llmbench_ops::paged_decode_attention(q, k, v, tables, lens, block_size, scale, max_len,
