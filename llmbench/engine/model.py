@@ -489,7 +489,7 @@ class LlamaModel:
     def _gemv_backend(self, num_rows: int):
         """Matrix-vector products in 16 bits on CPU without the C++ extension: torch's native
         kernel, not oneDNN's (with the extension its own matmul takes them, and the toggle,
-        two calls a step, would cost ~40 µs for nothing).
+        two calls a step, ~70 µs each under cProfile, would cost for nothing).
 
         Measured here (SmolLM2 shapes, 2 threads, weights streamed from DRAM): bfloat16 x[1, 576]
         @ W[3072, 576] reads 10.4 GB/s natively vs 6.5 GB/s through oneDNN; from 4 rows on oneDNN

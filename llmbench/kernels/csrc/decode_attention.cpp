@@ -469,8 +469,7 @@ at::Tensor llmbench_ops::paged_decode_attention(
                   context_lens.scalar_type() == at::kInt && context_lens.is_contiguous(),
               "paged_decode_attention: context_lens must be a contiguous int32 [B]");
   TORCH_CHECK(block_size > 0 && max_context_len > 0, "paged_decode_attention: sizes must be > 0");
-  if (out.defined()) check_out("paged_decode_attention", out, q.size(0), q.size(1) * q.size(2), q);
-  else out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  out = output("paged_decode_attention", out, {q.size(0), q.size(1), q.size(2)}, q);
   if (q.size(0) == 0) return out;
   AttentionProblem a;
   a.batch = q.size(0);

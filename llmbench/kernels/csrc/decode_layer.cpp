@@ -155,18 +155,19 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 // The outputs of a layer's ops, allocated once a call of decode_layer(s) and written by every
-// layer: the norms' (h), qkv, attention's [B, nh·d], gate_up and act, and two residual
+// layer: the norms' (h), qkv, attention's [B, nh, d], gate_up and act, and two residual
 // streams, each layer's o_proj writing the one its input is not in and down_proj the other.
 struct Workspace {
   at::Tensor h, qkv, attn, gate_up, act, streams[2];
 
-  Workspace(const at::Tensor& x, int64_t qkv_size, int64_t q_size, int64_t inter) {
+  Workspace(const at::Tensor& x, int64_t qkv_size, int64_t num_heads, int64_t head_dim,
+            int64_t inter) {
     at::DisableRecordFunctionGuard no_events;  // not an op of the layer's: no profile rows
     const int64_t rows = x.size(0), hidden = x.size(1);
     const at::TensorOptions options = x.options();
     h = at::empty({rows, hidden}, options);
     qkv = at::empty({rows, qkv_size}, options);
-    attn = at::empty({rows, q_size}, options);
+    attn = at::empty({rows, num_heads, head_dim}, options);
     gate_up = at::empty({rows, 2 * inter}, options);
     act = at::empty({rows, inter}, options);
     streams[0] = at::empty({rows, hidden}, options);
@@ -184,8 +185,8 @@ struct Workspace {
 // five, though ~1 µs each in a loop: the matmul before them streamed its weights through the
 // caches, and each call's first use in a layer fetched ATen's code and data from memory again
 // (`llmbench profile`'s op clock, one view at a time). Only under inference mode (the engine's
-// forward), for views that never leave the layer: qkv's (an inference tensor: no autograd or
-// version-counter bookkeeping to keep) and the cache's (made outside inference mode, but its
+// forward), for views that never leave the layer: qkv's and attention's output's (inference
+// tensors: no autograd or version-counter bookkeeping to keep) and the cache's (made outside inference mode, but its
 // views are only read: the layer writes the cache through `kv` itself); else ATen's.
 at::Tensor view_of(const at::Tensor& base, int64_t offset, c10::IntArrayRef sizes,
                    c10::IntArrayRef strides) {
@@ -264,9 +265,10 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& input_norm,
   clock.lap(2);
   write_kv(kv, fresh_kv, slot_mapping);
   clock.lap(3);
-  const at::Tensor attn = attention(q, k_cache, v_cache, block_tables, context_lens, block_size,
-                                    scale, max_context_len, ws.attn);  // [B, nh·d]
+  const at::Tensor heads = attention(q, k_cache, v_cache, block_tables, context_lens,
+                                     block_size, scale, max_context_len, ws.attn);  // [B, nh, d]
   clock.lap(4);
+  const at::Tensor attn = view_of(heads, 0, {rows, q_size}, {q_size, 1});
   at::Tensor out = linear(attn, o_weight, hidden, c10::nullopt, x, most, ws.stream_apart_from(x));
   clock.lap(5);
   h = rms_norm(out, post_norm, eps, ws.h);
@@ -293,8 +295,8 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
                         int64_t block_size, double scale, int64_t max_context_len,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         int64_t fast_max_rows) {
-  const int64_t q_size = num_heads * head_dim;
-  const Workspace ws(x, q_size + 2 * num_kv_heads * head_dim, q_size, intermediate_size);
+  const Workspace ws(x, (num_heads + 2 * num_kv_heads) * head_dim, num_heads, head_dim,
+                     intermediate_size);
   return layer(x, input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight,
                down_weight, intermediate_size, eps, positions, cos_sin, kv, slot_mapping,
                block_tables, context_lens, block_size, scale, max_context_len, num_heads,
@@ -339,8 +341,8 @@ at::Tensor decode_layers(const at::Tensor& x, at::TensorList input_norms,
     ns = op_ns->data_ptr<int64_t>();
     no_events.emplace();
   }
-  const int64_t q_size = num_heads * head_dim;
-  const Workspace ws(x, q_size + 2 * num_kv_heads * head_dim, q_size, intermediate_size);
+  const Workspace ws(x, (num_heads + 2 * num_kv_heads) * head_dim, num_heads, head_dim,
+                     intermediate_size);
   at::Tensor h = x;
   for (int64_t i = 0; i < layers; ++i)
     h = layer(h, input_norms[i], qkv_weights.slice(i * n, n), qkv_biases.get(i),

@@ -308,8 +308,7 @@ at::Tensor llmbench_ops::gemv(const at::Tensor& x, const at::Tensor& weight,
                     residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1,
                 "gemv: residual must be [M, N] in x's dtype with contiguous rows");
   }
-  if (y.defined()) check_out("gemv", y, M, N, x);
-  else y = at::empty({M, N}, x.options());
+  y = output("gemv", y, {M, N}, x);
   if (M == 0 || N == 0) return y;
 
   Problem p;

@@ -296,8 +296,7 @@ at::Tensor llmbench_ops::quant_gemv(const at::Tensor& x, const at::Tensor& codes
                                     const OptTensor& residual, at::Tensor y) {
   const QuantProblem p =
       checked_problem("quant_gemv", x, codes, scale_zero, scale, out_features, bias, residual);
-  if (y.defined()) check_out("quant_gemv", y, p.M, p.N, x);
-  else y = at::empty({p.M, p.N}, x.options());
+  y = output("quant_gemv", y, {p.M, p.N}, x);
   dispatch_float(x.scalar_type(), "quant_gemv", [&](auto tag) {
     run<decltype(tag)>(p, x, bias, residual, y);
   });

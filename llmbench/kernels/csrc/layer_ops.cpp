@@ -68,8 +68,7 @@ at::Tensor llmbench_ops::rms_norm(const at::Tensor& x, const at::Tensor& weight,
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous() &&
                   weight.scalar_type() == x.scalar_type(),
               "rms_norm: weight must be a contiguous [h] vector in x's dtype");
-  if (y.defined()) check_out("rms_norm", y, x.size(0), x.size(1), x);
-  else y = at::empty({x.size(0), x.size(1)}, x.options());
+  y = output("rms_norm", y, {x.size(0), x.size(1)}, x);
   dispatch_float(x.scalar_type(), "rms_norm", [&](auto tag) {
     using scalar_t = decltype(tag);
     rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), x.stride(0), weight.data_ptr<scalar_t>(),
@@ -201,8 +200,7 @@ at::Tensor llmbench_ops::silu_and_mul(const at::Tensor& gate_up, at::Tensor out)
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
               "silu_and_mul: gate_up must be [T, 2I] with contiguous rows");
   const int64_t inter = gate_up.size(1) / 2;
-  if (out.defined()) check_out("silu_and_mul", out, gate_up.size(0), inter, gate_up);
-  else out = at::empty({gate_up.size(0), inter}, gate_up.options());
+  out = output("silu_and_mul", out, {gate_up.size(0), inter}, gate_up);
   dispatch_float(gate_up.scalar_type(), "silu_and_mul", [&](auto tag) {
     using scalar_t = decltype(tag);
     silu_and_mul_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), gate_up.stride(0),

@@ -5,10 +5,11 @@
 // `llmbench profile`'s op clock, SmolLM2 bfloat16) — as much as the op's own work.
 //
 // Each takes the op's arguments (the op registered under the same name checks and calls it)
-// and an output: undefined → allocated as the op does, else checked (`check_out`) and written.
+// and an output (`output`): undefined → allocated as the op does, else checked and written.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
@@ -18,13 +19,15 @@ namespace llmbench_ops {
 
 using OptTensor = c10::optional<at::Tensor>;
 
-// `out` (defined) must be a contiguous [rows, cols] tensor in like's dtype.
-inline void check_out(const char* op, const at::Tensor& out, int64_t rows, int64_t cols,
-                      const at::Tensor& like) {
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == cols &&
-                  out.is_contiguous() && out.scalar_type() == like.scalar_type(),
-              op, ": out must be a contiguous [", rows, ", ", cols, "] tensor in ",
-              like.scalar_type());
+// An op's output of `sizes` in like's dtype: `out` where given (it must be exactly that, and
+// contiguous), else a new tensor.
+inline at::Tensor output(const char* op, const at::Tensor& out, at::IntArrayRef sizes,
+                         const at::Tensor& like) {
+  if (!out.defined()) return at::empty(sizes, like.options());
+  TORCH_CHECK(out.sizes() == sizes && out.is_contiguous() &&
+                  out.scalar_type() == like.scalar_type(),
+              op, ": out must be a contiguous ", sizes, " tensor in ", like.scalar_type());
+  return out;
 }
 
 // gemv.cpp: y = x @ W^T (+ bias) (+ residual) for a float W [N, K].
@@ -43,7 +46,7 @@ void rope_(at::Tensor x, const at::Tensor& positions, const at::Tensor& cos_sin,
 at::Tensor silu_and_mul(const at::Tensor& gate_up, at::Tensor out);
 void write_kv_(at::Tensor kv, const at::Tensor& fresh, const at::Tensor& slot_mapping);
 
-// decode_attention.cpp: out [B, nh·d] (the [B, nh, d] result's rows).
+// decode_attention.cpp: out [B, nh, d].
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, int64_t block_size,
