@@ -183,3 +183,20 @@ def test_describe_for_provenance():
     )
     with pytest.raises(KernelDispatchError, match="not in use"):
         cpu_extension.CpuExtension("torch", "LLMBENCH_CPU_EXTENSION=torch").op("gemv")
+
+
+def test_a_build_another_process_recorded_first_keeps_its_record(tmp_path, monkeypatch):
+    """Workers that start on an empty cache together all call the builder (torch's lock lets
+    one compile); the record written first stands, and each reports its build time."""
+    monkeypatch.setattr(cpu_extension, "_LOADED", {})
+
+    def build_of_another_process(name, cflags, build_dir):
+        build_dir.mkdir(parents=True)
+        (build_dir / "build.json").write_text(json.dumps({"build_s": 12.5, "isa": "x"}))
+
+    monkeypatch.setattr(cpu_extension, "_build", build_of_another_process)
+    result = cpu_extension.load(tmp_path, env={"LLMBENCH_CPU_EXTENSION": "auto"})
+    assert result.reason == "built" and result.build_s == 12.5
+    (build_dir,) = tmp_path.iterdir()
+    assert [p.name for p in build_dir.iterdir()] == ["build.json"]  # no draft left
+    assert json.loads((build_dir / "build.json").read_text()) == {"build_s": 12.5, "isa": "x"}
