@@ -54,6 +54,7 @@ SOURCES = tuple(
         "gemv_quant.cpp",
         "layer_ops.cpp",
         "decode_attention.cpp",
+        "decode_attention_tiles.cpp",
         "decode_layer.cpp",
         "prefill_attention.cpp",
     )

@@ -160,6 +160,45 @@ def test_rows_of_one_sequence_attend_their_own_contexts(backend, dtype):
     torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "runs, num_heads, num_kv_heads, head_dim, block_size, q_scale",
+    [
+        ([(300, 8)], 9, 3, 64, 16, 1.0),  # 24 states a KV head: two passes of 16
+        ([(700, 5)], 9, 3, 64, 16, 8.0),  # partitions; scores far apart: the reference moves
+        ([(90, 3)], 4, 1, 32, 7, 1.0),  # head_dim 32; blocks of 7: keys copied, not in a row
+        ([(100, 3), (50, 1), (300, 6)], 8, 2, 64, 8, 1.0),  # runs beside a single row
+    ],
+)
+def test_runs_of_rows_match_reference(
+    backend, dtype, runs, num_heads, num_kv_heads, head_dim, block_size, q_scale
+):
+    """Verification rows of several sequences (contexts s + 1 .. s + k each): in bfloat16 with
+    head_dim 32 or 64 on an AMX CPU, the tile path (`decode_attention_tiles.cpp`)."""
+    max_blocks = -(-max(context for context, _ in runs) // block_size)
+    num_blocks = max_blocks * len(runs) + 3
+    pool = _random((num_blocks * block_size, 2, num_kv_heads, head_dim), dtype, 24)
+    keys, values = pool[:, 0], pool[:, 1]
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(25))
+    tables, lens = [], []
+    for r, (context, rows) in enumerate(runs):
+        table = order[r * max_blocks : (r + 1) * max_blocks]
+        tables += [table] * rows
+        lens += range(context - rows + 1, context + 1)
+    tables = torch.stack(tables).to(torch.int32).contiguous()
+    lens = torch.tensor(lens, dtype=torch.int32)
+    q = _random((len(lens), num_heads, head_dim), dtype, 26) * q_scale
+    out = cpu_layer_ops.paged_decode_attention(
+        backend, q, keys, values, tables, lens, block_size, head_dim**-0.5, int(lens.max())
+    )
+    expected = paged_decode_attention_reference(
+        q, keys, values, tables, lens, block_size, head_dim**-0.5
+    )
+    # float32: e^s rounds relative to |s|, q_scale times larger here; 16 bits: one rounding
+    tol = {torch.float32: 2e-6 * q_scale, torch.bfloat16: 2**-8, torch.float16: 2**-11}[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
+
+
 def test_decode_attention_of_one_key_is_its_value(backend):
     q, keys, values, tables, lens = _paged_case(torch.float32, [1], 6, 2, 16, 4, 9)
     out = cpu_layer_ops.paged_decode_attention(backend, q, keys, values, tables, lens, 4, 0.25, 1)

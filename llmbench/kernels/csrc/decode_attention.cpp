@@ -19,6 +19,8 @@
 // to the sums; values are converted to float32 and weighed with float32 weights (FMA: as fast
 // here, 101 against 108 us for 2,048 positions of SmolLM2's heads on one thread, as VDPBF16PS
 // on weights rounded to bfloat16, and exact). Other caches convert key rows to float32 too.
+// A run of several rows in bfloat16 (verification) goes to the AMX tiles where the CPU has them
+// (decode_attention_tiles.cpp).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -28,10 +30,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "decode_attention.h"
+#include "gemv_amx.h"
 #include "ops.h"
 #include "simd.h"
 
@@ -41,6 +44,10 @@
 
 namespace {
 
+using llmbench_decode_attention::AttentionProblem;
+using llmbench_decode_attention::kNegInf;
+using llmbench_decode_attention::RowRun;
+using llmbench_decode_attention::States;
 using llmbench_simd::dispatch_float;
 using llmbench_simd::from_f;
 using llmbench_simd::to_f;
@@ -57,20 +64,6 @@ constexpr int64_t kMaxHeadDim = 256;
 // A step whose attention is below this many (position, query row·head) pairs runs on the
 // calling thread: a parallel region's start and join cost more than the work saves.
 constexpr int64_t kMinParallelWork = 4096;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-struct AttentionProblem {
-  int64_t batch, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
-  int64_t q_row, q_head, k_slot, v_slot;  // strides in elements
-  const int32_t* block_tables;
-  const int32_t* context_lens;
-  float scale;
-};
-
-// Rows [first, first + count) of one sequence; `len` the longest of their contexts.
-struct RowRun {
-  int64_t first, count, len;
-};
 
 // Consecutive rows whose block tables are equal over the blocks the longer context uses.
 std::vector<RowRun> row_runs(const AttentionProblem& a) {
@@ -103,17 +96,6 @@ inline void slots_of(const int32_t* table, int64_t block_size, int64_t p0, int64
     for (; p < end; ++p) slots[p - p0] = base + p;
   }
 }
-
-// An item's (row, query head) states: running max, running sum, and accumulator [d] (for the
-// VDPBF16PS path in its lane order, put back in `finish`).
-struct States {
-  std::vector<float> m, l, acc;
-  void reset(int64_t n, int64_t d) {
-    m.assign(n, kNegInf);
-    l.assign(n, 0.0f);
-    acc.assign(n * d, 0.0f);
-  }
-};
 
 // The online softmax's step for one state over a chunk's scores s[0, n) (masked: −inf):
 // s becomes the weights e^(s − m_new); returns the factor the accumulator is rescaled by.
@@ -370,11 +352,15 @@ void attend_bf16(const AttentionProblem& a, const c10::BFloat16* q, const c10::B
 }
 #endif
 
-// One item, through whichever product path the cache and head_dim take.
+// One item, through whichever product path the cache and head_dim take (the tiles where
+// tiles_take said so).
 template <typename T>
 void attend(const AttentionProblem& a, const T* q, const T* kc, const T* vc, const RowRun& run,
-            int64_t p0, int64_t p1, States& st) {
+            int64_t p0, int64_t p1, bool on_tiles, States& st) {
   st.reset(run.count * a.num_heads, a.head_dim);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (on_tiles) return llmbench_decode_attention::attend_on_tiles(a, q, kc, vc, run, p0, p1, st);
+  }
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     switch (a.head_dim) {
@@ -406,16 +392,25 @@ void decode_attention_impl(const AttentionProblem& a, const T* q, const T* kc, c
   const int64_t parts = std::max<int64_t>(
       1, std::min(wanted, std::max<int64_t>(1, longest / kMinPartition)));
   const int64_t grain = threads == 1 ? num_runs * parts : 1;
+  // Runs of several rows of one sequence go to the tiles where they take them.
+  std::vector<char> on_tiles(num_runs, 0);
+  bool any_on_tiles = false;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    on_tiles[r] = llmbench_decode_attention::tiles_take(a, runs[r],
+                                                        std::is_same_v<T, c10::BFloat16>);
+    any_on_tiles = any_on_tiles || on_tiles[r];
+  }
   // Partials per (row, query head, partition): m, l, acc [d].
   std::vector<float> m(a.batch * nh * parts, kNegInf), l(m.size(), 0.0f), acc(m.size() * d);
   at::parallel_for(0, num_runs * parts, grain, [&](int64_t begin, int64_t end) {
+    if (any_on_tiles) llmbench_amx::configure_tiles();
     States st;
     for (int64_t item = begin; item < end; ++item) {
       const RowRun& run = runs[item / parts];
       const int64_t part = item % parts, size = (run.len + parts - 1) / parts;
       const int64_t p0 = part * size, p1 = std::min(run.len, p0 + size);
       if (p0 >= p1) continue;
-      attend<T>(a, q, kc, vc, run, p0, p1, st);
+      attend<T>(a, q, kc, vc, run, p0, p1, on_tiles[item / parts], st);
       for (int64_t state = 0; state < run.count * nh; ++state) {
         const int64_t at = (run.first * nh + state) * parts + part;
         m[at] = st.m[state];
@@ -423,6 +418,7 @@ void decode_attention_impl(const AttentionProblem& a, const T* q, const T* kc, c
         std::memcpy(&acc[at * d], &st.acc[state * d], d * sizeof(float));
       }
     }
+    if (any_on_tiles) llmbench_amx::release_tiles();
   });
   at::parallel_for(0, a.batch * nh, threads == 1 ? a.batch * nh : 16, [&](int64_t begin,
                                                                            int64_t end) {
