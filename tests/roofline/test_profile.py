@@ -55,6 +55,19 @@ def test_every_point_is_the_steps_it_asked_for(result):
                 assert step["context_lens"] == step["query_lens"] == [24] * batch
 
 
+def test_a_decode_point_whose_prompts_outgrow_one_default_step_starts_them_together():
+    """3 prompts of ~1,000 tokens (more than the 2,048-token default budget of a step): were
+    they prefilled over two steps, the first would decode during the second, run ahead and
+    finish early, and the unprofiled steps would time a smaller batch (which `profile` now
+    refuses)."""
+    spec = ProfileSpec(
+        "synthetic:tiny", "float32", batches=(3,), contexts=(1000,), num_steps=2, num_warmup_steps=1
+    )
+    (point,) = profile(spec, _engine(spec), ROOFS)["points"]
+    assert [step["context_lens"] for step in point["steps"]] == [[1000] * 3, [1001] * 3]
+    assert point["step_ms_unprofiled"] > 0
+
+
 def test_the_ops_bytes_and_flops_add_up_to_the_cost_models_step(result):
     """The cost model's step (weights in the run's dtype, tied lm_head: bytes per parameter
     = the dtype's size; K/V in the model's dtype) from the steps' own shapes."""
