@@ -44,35 +44,6 @@ constexpr int64_t kKeys = 32;    // positions a step: two tiles of S^T, the k of
 constexpr float kSlack = 8.0f;   // how far a scaled score may pass its reference (e^8)
 constexpr int64_t kAhead = 2;    // steps ahead that K and V are prefetched
 
-// 16 × 16 dwords transposed in registers: r[i] row i in, r[c] column c out (64 shuffles).
-inline void transpose_16x16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {  // t[i], t[i+1]: rows i, i+1 interleaved by dwords
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // u[4G + m], 128-bit lane k: column 4k + m of rows 4G .. 4G + 3
-  __m512i u[16];
-  for (int G = 0; G < 4; ++G) {
-    const __m512i* s = t + 4 * G;
-    u[4 * G + 0] = _mm512_unpacklo_epi64(s[0], s[2]);
-    u[4 * G + 1] = _mm512_unpackhi_epi64(s[0], s[2]);
-    u[4 * G + 2] = _mm512_unpacklo_epi64(s[1], s[3]);
-    u[4 * G + 3] = _mm512_unpackhi_epi64(s[1], s[3]);
-  }
-  // column 4k + m: lane k of u[m], u[4 + m], u[8 + m], u[12 + m]
-  for (int m = 0; m < 4; ++m) {
-    const __m512i a = _mm512_shuffle_i32x4(u[m], u[4 + m], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i b = _mm512_shuffle_i32x4(u[m], u[4 + m], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512i c = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i e = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], _MM_SHUFFLE(3, 1, 3, 1));
-    r[0 + m] = _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0));
-    r[4 + m] = _mm512_shuffle_i32x4(b, e, _MM_SHUFFLE(2, 0, 2, 0));
-    r[8 + m] = _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1));
-    r[12 + m] = _mm512_shuffle_i32x4(b, e, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
-
 // One pass: KV head kv, states s0 .. s0 + lanes − 1 (state t: row t / g, query head kv·g +
 // t % g), positions [p0, p1).
 struct Pass {
@@ -259,7 +230,7 @@ class TileAttention {
     for (int part = 0; part < 2; ++part) {  // P^T's pairs → P's rows: one state's 32 weights
       __m512i rows[16];
       for (int64_t p = 0; p < 16; ++p) rows[p] = _mm512_load_si512(pairs_ + (16 * part + p) * 16);
-      transpose_16x16(rows);
+      llmbench_simd::transpose_16x16(rows);
       uint16_t* out = part == 0 ? p_hi_ : p_lo_;
       for (int64_t lane = 0; lane < kLanes; ++lane) _mm512_store_si512(out + lane * 32, rows[lane]);
     }

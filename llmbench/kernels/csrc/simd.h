@@ -62,6 +62,37 @@ inline __m512 sum_lanes_16(const __m512 v[16]) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// 16 × 16 dwords transposed in registers: r[i] row i in, r[c] column c out (64 shuffles).
+inline void transpose_16x16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // t[i], t[i+1]: rows i, i+1 interleaved by dwords
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4G + m], 128-bit lane k: column 4k + m of rows 4G .. 4G + 3
+  __m512i u[16];
+  for (int G = 0; G < 4; ++G) {
+    const __m512i* s = t + 4 * G;
+    u[4 * G + 0] = _mm512_unpacklo_epi64(s[0], s[2]);
+    u[4 * G + 1] = _mm512_unpackhi_epi64(s[0], s[2]);
+    u[4 * G + 2] = _mm512_unpacklo_epi64(s[1], s[3]);
+    u[4 * G + 3] = _mm512_unpackhi_epi64(s[1], s[3]);
+  }
+  // column 4k + m: lane k of u[m], u[4 + m], u[8 + m], u[12 + m]
+  for (int m = 0; m < 4; ++m) {
+    const __m512i a = _mm512_shuffle_i32x4(u[m], u[4 + m], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i b = _mm512_shuffle_i32x4(u[m], u[4 + m], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i c = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i e = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], _MM_SHUFFLE(3, 1, 3, 1));
+    r[0 + m] = _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + m] = _mm512_shuffle_i32x4(b, e, _MM_SHUFFLE(2, 0, 2, 0));
+    r[8 + m] = _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+    r[12 + m] = _mm512_shuffle_i32x4(b, e, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // The first lanes of `valid` of 16 consecutive elements as float32 (the others 0), and the
 // store back, rounded as torch rounds one element (c10's conversions: to nearest, ties to
