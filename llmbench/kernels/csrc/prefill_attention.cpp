@@ -90,9 +90,12 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
     const auto* pairs = reinterpret_cast<const uint32_t*>(q + r * q_row);
     for (int64_t p = 0; p < d / 2; ++p) q_t[(p / 16) * 256 + (p % 16) * 16 + r] = pairs[p];
   }
-  alignas(64) float s_t[kKeys * kQueries];      // S^T of a block of keys
-  alignas(64) uint32_t p_t[16 * kQueries];      // P^T as a B tile: 16 pairs of keys × 16 queries
-  alignas(64) float o_t[64 * kQueries];         // O^T when it leaves the tiles
+  // Two blocks of keys in flight: S^T and P^T double-buffered, so that the tiles' results are
+  // read by the vectors (and the vectors' by the tiles) a step after they were written. Read
+  // at once, each handoff stalled on the store (in `perf`, ~30% of the kernel's samples).
+  alignas(64) float s_t[2][kKeys * kQueries];     // S^T of a block of keys
+  alignas(64) uint32_t p_t[2][16 * kQueries];     // P^T as a B tile: 16 pairs of keys × 16 queries
+  alignas(64) float o_t[64 * kQueries];           // O^T when it leaves the tiles
   const float neg_inf = -std::numeric_limits<float>::infinity();
   // Scores in base 2: s · scale · log2(e), so that p = 2^(s2 − m2) (`exp2_for_p`).
   __m512 row_max = _mm512_set1_ps(neg_inf), row_sum = _mm512_setzero_ps();
@@ -108,11 +111,12 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
   _tile_zero(4);
   _tile_zero(5);
   const int64_t visible = std::min(pos0 + rows, kv.C);  // keys the last row sees
-  for (int64_t key0 = 0; key0 < visible; key0 += kKeys) {
-    // S^T = K · Q^T: tmm0 keys 0 .. 15 of the block, tmm1 keys 16 .. 31.
+  const int64_t blocks = (visible + kKeys - 1) / kKeys;
+  // S^T = K · Q^T of block b into s_t[b % 2]: tmm0 keys 0 .. 15 of the block, tmm1 16 .. 31.
+  auto scores = [&](int64_t b) {
     _tile_zero(0);
     _tile_zero(1);
-    const uint16_t* k0 = kv.keys + key0 * d;
+    const uint16_t* k0 = kv.keys + b * kKeys * d;
     for (int64_t s = 0; s < d / 32; ++s) {
       _tile_loadd(7, q_t + s * 256, 64);
       _tile_loadd(6, k0 + s * 32, d * 2);
@@ -120,8 +124,30 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
       _tile_loadd(6, k0 + 16 * d + s * 32, d * 2);
       _tile_dpbf16ps(1, 6, 7);
     }
-    _tile_stored(0, s_t, 64);
-    _tile_stored(1, s_t + 16 * kQueries, 64);
+    _tile_stored(0, s_t[b % 2], 64);
+    _tile_stored(1, s_t[b % 2] + 16 * kQueries, 64);
+  };
+  // O^T += V^T · P^T of block b (P^T in p_t[b % 2]): tile i is d 16i .. 16i + 15.
+  auto weigh = [&](int64_t b) {
+    _tile_loadd(7, p_t[b % 2], 64);
+    const uint16_t* vt = kv.values_t + b * kKeys * d;  // this block's [d][32]
+    _tile_loadd(6, vt, 64);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_loadd(6, vt + 16 * kKeys, 64);
+    _tile_dpbf16ps(3, 6, 7);
+    if (o_tiles > 2) {
+      _tile_loadd(6, vt + 32 * kKeys, 64);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_loadd(6, vt + 48 * kKeys, 64);
+      _tile_dpbf16ps(5, 6, 7);
+    }
+  };
+  if (blocks > 0) scores(0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t key0 = b * kKeys;
+    if (b > 0) weigh(b - 1);
+    if (b + 1 < blocks) scores(b + 1);
+    const float* st = s_t[b % 2];
     // Key j is seen by the queries r with key0 + j <= pos0 + r (lanes from key0 + j − pos0);
     // below the diagonal, by all of them.
     __m512 block_max = _mm512_set1_ps(neg_inf);
@@ -133,12 +159,13 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
                 : key0 + j >= kv.C || first >= kQueries ? 0
                 : first <= 0                         ? 0xFFFF
                                                      : static_cast<__mmask16>(0xFFFF << first);
-      block_max = _mm512_mask_max_ps(block_max, seen[j], block_max, _mm512_load_ps(s_t + j * kQueries));
+      block_max = _mm512_mask_max_ps(block_max, seen[j], block_max, _mm512_load_ps(st + j * kQueries));
     }
     block_max = _mm512_mul_ps(block_max, scale_v);  // scale > 0: the max of the base-2 scores
     // The max the exponents are taken against moves only when a query's scores outgrow it by
     // more than kSlack (2^12 = 4,096: p and Σp stay far inside float32 and bfloat16's range):
-    // O^T then leaves the tiles to be rescaled far less often than the max grows.
+    // O^T then leaves the tiles to be rescaled far less often than the max grows. O^T holds
+    // blocks 0 .. b − 1 here.
     const __m512 new_max = _mm512_max_ps(row_max, block_max);
     if (key0 == 0) {
       row_max = new_max;  // O^T and Σp are still 0
@@ -169,28 +196,16 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
       for (int t = 0; t < 2; ++t) {
         const int64_t j = 2 * p + t;
         const __m512 e =
-            exp2_for_p(_mm512_fmsub_ps(_mm512_load_ps(s_t + j * kQueries), scale_v, row_max));
+            exp2_for_p(_mm512_fmsub_ps(_mm512_load_ps(st + j * kQueries), scale_v, row_max));
         pair[t] = _mm512_maskz_mov_ps(seen[j], e);
         block_sum = _mm512_add_ps(block_sum, pair[t]);
       }
       const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(pair[1], pair[0]));
-      _mm512_store_si512(p_t + p * kQueries, _mm512_permutexvar_epi16(interleave, both));
+      _mm512_store_si512(p_t[b % 2] + p * kQueries, _mm512_permutexvar_epi16(interleave, both));
     }
     row_sum = _mm512_add_ps(row_sum, block_sum);
-    // O^T += V^T · P^T: tile i is d 16i .. 16i + 15.
-    _tile_loadd(7, p_t, 64);
-    const uint16_t* vt = kv.values_t + key0 * d;  // this block's [d][32]
-    _tile_loadd(6, vt, 64);
-    _tile_dpbf16ps(2, 6, 7);
-    _tile_loadd(6, vt + 16 * kKeys, 64);
-    _tile_dpbf16ps(3, 6, 7);
-    if (o_tiles > 2) {
-      _tile_loadd(6, vt + 32 * kKeys, 64);
-      _tile_dpbf16ps(4, 6, 7);
-      _tile_loadd(6, vt + 48 * kKeys, 64);
-      _tile_dpbf16ps(5, 6, 7);
-    }
   }
+  if (blocks > 0) weigh(blocks - 1);
   _tile_stored(2, o_t, 64);
   _tile_stored(3, o_t + 16 * kQueries, 64);
   if (o_tiles > 2) {
