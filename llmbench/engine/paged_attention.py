@@ -253,11 +253,13 @@ class Chunk:
     block_table: list[int]
 
 
-def padded_block_tables(block_tables: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Each sequence's block table, padded with block 0 to the longest: [B, max_blocks] int64."""
+def padded_block_tables(
+    block_tables: list[list[int]], device: torch.device, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """Each sequence's block table, padded with block 0 to the longest: [B, max_blocks]."""
     max_blocks = max(len(t) for t in block_tables)
-    padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
-    return torch.tensor(padded, dtype=torch.long, device=device)
+    padded = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
+    return torch.tensor(padded, dtype=dtype, device=device)
 
 
 def context_slots(blocks: torch.Tensor, context_lens: list[int], block_size: int) -> torch.Tensor:
@@ -329,12 +331,11 @@ def _rowwise_step_batch(
     positions = [(c, p) for c in chunks for p in range(c.start, c.start + c.num_tokens)]
     lens = tuple(p + 1 for _, p in positions)
     new_slots = [c.block_table[p // block_size] * block_size + p % block_size for c, p in positions]
-    max_blocks = max(len(c.block_table) for c in chunks)
-    tables = [list(c.block_table) + [0] * (max_blocks - len(c.block_table)) for c, _ in positions]
+    tables = padded_block_tables([c.block_table for c, _ in positions], device, torch.int32)
     decodes = DecodeBatch(
         row_ids=tuple(range(len(positions))),
         is_whole_batch=True,
-        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+        block_tables=tables,
         context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
         lens=lens,
         block_size=block_size,

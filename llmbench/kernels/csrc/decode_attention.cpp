@@ -47,6 +47,7 @@ namespace {
 using llmbench_decode_attention::AttentionProblem;
 using llmbench_decode_attention::kNegInf;
 using llmbench_decode_attention::RowRun;
+using llmbench_decode_attention::slots_of;
 using llmbench_decode_attention::States;
 using llmbench_simd::dispatch_float;
 using llmbench_simd::from_f;
@@ -84,17 +85,6 @@ std::vector<RowRun> row_runs(const AttentionProblem& a) {
     runs.push_back({b, 1, len});
   }
   return runs;
-}
-
-// The slots of positions p0 .. p1 − 1 of a sequence, in order (one table lookup per block).
-inline void slots_of(const int32_t* table, int64_t block_size, int64_t p0, int64_t p1,
-                     int64_t* slots) {
-  for (int64_t p = p0; p < p1;) {
-    const int64_t block = p / block_size;
-    const int64_t base = static_cast<int64_t>(table[block]) * block_size - block * block_size;
-    const int64_t end = std::min(p1, (block + 1) * block_size);
-    for (; p < end; ++p) slots[p - p0] = base + p;
-  }
 }
 
 // The online softmax's step for one state over a chunk's scores s[0, n) (masked: −inf):
@@ -358,11 +348,9 @@ template <typename T>
 void attend(const AttentionProblem& a, const T* q, const T* kc, const T* vc, const RowRun& run,
             int64_t p0, int64_t p1, bool on_tiles, States& st) {
   st.reset(run.count * a.num_heads, a.head_dim);
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (on_tiles) return llmbench_decode_attention::attend_on_tiles(a, q, kc, vc, run, p0, p1, st);
-  }
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (on_tiles) return llmbench_decode_attention::attend_on_tiles(a, q, kc, vc, run, p0, p1, st);
     switch (a.head_dim) {
       case 32: return attend_bf16<1>(a, q, kc, vc, run, p0, p1, st);
       case 64: return attend_bf16<2>(a, q, kc, vc, run, p0, p1, st);

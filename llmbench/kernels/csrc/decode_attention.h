@@ -5,6 +5,7 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -25,6 +26,17 @@ struct AttentionProblem {
 struct RowRun {
   int64_t first, count, len;
 };
+
+// The slots of positions p0 .. p1 − 1 of a sequence, in order (one table lookup per block).
+inline void slots_of(const int32_t* table, int64_t block_size, int64_t p0, int64_t p1,
+                     int64_t* slots) {
+  for (int64_t p = p0; p < p1;) {
+    const int64_t block = p / block_size;
+    const int64_t base = static_cast<int64_t>(table[block]) * block_size - block * block_size;
+    const int64_t end = std::min(p1, (block + 1) * block_size);
+    for (; p < end; ++p) slots[p - p0] = base + p;
+  }
+}
 
 // An item's (row, query head) states, state i·nh + h for row first + i and query head h:
 // running max m (natural log: the weights are e^(scale·q·k − m)), running sum l of the

@@ -139,20 +139,16 @@ class TileAttention {
   }
 
   // The slots of positions c0 .. c0 + 31 below p1 (those from p1 on: −1), and those of the
-  // step kAhead steps on: one table lookup a block.
+  // step kAhead steps on.
   void slots_from(int64_t c0) {
-    slots_of(c0, slots_);
-    slots_of(c0 + kAhead * kKeys, ahead_);
+    slots_below_p1(c0, slots_);
+    slots_below_p1(c0 + kAhead * kKeys, ahead_);
   }
 
-  void slots_of(int64_t c0, int64_t* slots) const {
-    const int64_t bs = a_.block_size, end = std::min(c0 + kKeys, p1_);
-    for (int64_t pos = c0; pos < end;) {
-      const int64_t block = pos / bs, block_end = std::min(end, (block + 1) * bs);
-      const int64_t base = static_cast<int64_t>(table_[block]) * bs - block * bs;
-      for (; pos < block_end; ++pos) slots[pos - c0] = base + pos;
-    }
-    for (int64_t pos = std::max(c0, end); pos < c0 + kKeys; ++pos) slots[pos - c0] = -1;
+  void slots_below_p1(int64_t c0, int64_t* slots) const {
+    const int64_t end = std::max(c0, std::min(c0 + kKeys, p1_));
+    slots_of(table_, a_.block_size, c0, end, slots);
+    std::fill(slots + (end - c0), slots + kKeys, -1);
   }
 
   // Positions first .. first + 15 of head kv as an A operand: the cache's rows where their
@@ -201,11 +197,6 @@ class TileAttention {
   // part's products cost no time measurable beside the step's memory traffic (5 rows × 4
   // sequences, 600 positions: 123-131 against 123-129 µs). Returns Σp per state.
   __m512 weights(int64_t kv, const __mmask16* seen, __m512 scale, __m512 row_max) {
-    // bfloat16 i of a cvtne2ps pair (keys 2p in 0..15, 2p + 1 in 16..31) → its place
-    // interleaved: dword lane = (p[2p], p[2p + 1]) of that lane's state
-    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10,
-                                                25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3,
-                                                18, 2, 17, 1, 16, 0);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t p = 0; p < kKeys / 2; ++p) {
       prefetch_slot(kv, ahead_[p]);
@@ -216,16 +207,17 @@ class TileAttention {
                                                 _mm512_load_ps(s_t_ + j * kLanes), scale, row_max)));
         sum = _mm512_add_ps(sum, e[t]);
       }
-      const __m512bh hi = _mm512_cvtne2ps_pbh(e[1], e[0]);
-      const __m512i hi_bits = reinterpret_cast<__m512i>(hi);
+      const __m512i hi_bits = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[1], e[0]));
       const __m512 lo0 = _mm512_sub_ps(
           e[0], _mm512_cvtpbh_ps(reinterpret_cast<__m256bh>(_mm512_castsi512_si256(hi_bits))));
       const __m512 lo1 = _mm512_sub_ps(
           e[1],
           _mm512_cvtpbh_ps(reinterpret_cast<__m256bh>(_mm512_extracti64x4_epi64(hi_bits, 1))));
       const __m512i lo_bits = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(lo1, lo0));
-      _mm512_store_si512(pairs_ + p * 16, _mm512_permutexvar_epi16(interleave, hi_bits));
-      _mm512_store_si512(pairs_ + (16 + p) * 16, _mm512_permutexvar_epi16(interleave, lo_bits));
+      // keys 2p in lanes 0..15, 2p + 1 in 16..31 → interleaved: dword lane = (p[2p],
+      // p[2p + 1]) of that lane's state
+      _mm512_store_si512(pairs_ + p * 16, llmbench_simd::interleave_halves_epi16(hi_bits));
+      _mm512_store_si512(pairs_ + (16 + p) * 16, llmbench_simd::interleave_halves_epi16(lo_bits));
     }
     for (int part = 0; part < 2; ++part) {  // P^T's pairs → P's rows: one state's 32 weights
       __m512i rows[16];

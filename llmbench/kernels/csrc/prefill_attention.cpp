@@ -101,10 +101,6 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
   __m512 row_max = _mm512_set1_ps(neg_inf), row_sum = _mm512_setzero_ps();
   const __m512 scale_v = _mm512_set1_ps(scale * 1.44269504088896341f);
   const __m512 slack = _mm512_set1_ps(kSlack);
-  // bfloat16 i of a cvtne2ps pair (p_2p in 0..15, p_2p+1 in 16..31) → its place interleaved.
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
-                                              9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
-                                              17, 1, 16, 0);
   const int64_t o_tiles = d / 16;  // 2 or 4: tmm2 .. tmm5
   _tile_zero(2);
   _tile_zero(3);
@@ -201,7 +197,8 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
         block_sum = _mm512_add_ps(block_sum, pair[t]);
       }
       const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(pair[1], pair[0]));
-      _mm512_store_si512(p_t[b % 2] + p * kQueries, _mm512_permutexvar_epi16(interleave, both));
+      // p_2p in lanes 0..15, p_2p+1 in 16..31 → interleaved: a pair a query
+      _mm512_store_si512(p_t[b % 2] + p * kQueries, llmbench_simd::interleave_halves_epi16(both));
     }
     row_sum = _mm512_add_ps(row_sum, block_sum);
   }

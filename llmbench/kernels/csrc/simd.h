@@ -94,6 +94,15 @@ inline void transpose_16x16(__m512i r[16]) {
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// 16-bit lanes 0..15 and 16..31 of v (two cvtne2ps halves) interleaved: lane 2i ← v[i],
+// 2i + 1 ← v[16 + i], so dword i is the pair (v[i], v[16 + i]), the tiles' pair layout.
+inline __m512i interleave_halves_epi16(__m512i v) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+  return _mm512_permutexvar_epi16(order, v);
+}
+
 // The first lanes of `valid` of 16 consecutive elements as float32 (the others 0), and the
 // store back, rounded as torch rounds one element (c10's conversions: to nearest, ties to
 // even; a bfloat16 NaN is 0x7FC0), so a vector path and a scalar one give the same bits.
