@@ -379,6 +379,12 @@ def paged_attention(
     op = decode_op if is_exact else None
     if d is not None and d.is_whole_batch:
         return _decode(q, cache, d, scale, op)
+    if d is None and len(batch.prefills) == 1 and batch.prefills[0].query_len == q.shape[0]:
+        # One prompt chunk is the whole step: its output is the step's (contiguous: a copy only
+        # where SDPA's was transposed) instead of a copy into a fresh one.
+        only = batch.prefills[0]
+        o = _prefill_attention(q, kv if is_exact else None, cache, only, scale, prefill_op)
+        return o.contiguous()
     out = torch.empty_like(q)
     for s in batch.prefills:
         out[s.query_start : s.query_start + s.query_len] = _prefill_attention(

@@ -77,8 +77,8 @@ def test_silu_and_mul_matches_reference(backend, dtype, rows, inter):
     out = cpu_layer_ops.silu_and_mul(backend, gate_up)
     expected = silu_and_mul_reference(gate_up)
     assert out.dtype == dtype and out.shape == (rows, inter)
-    # The same float32 value, rounded once. e^x's range reduction loses ~|x|·6e-8 relative
-    # (3e-6 at x = -50), where silu and its error are tiny: absolute on the outputs' scale.
+    # float32: e^x's range reduction loses ~|x|·6e-8 relative (3e-6 at x = -50), where silu
+    # and its error are tiny: absolute on the outputs' scale. 16 bits: within a unit.
     rtol = {torch.float32: 1e-6, torch.bfloat16: 2**-8, torch.float16: 2**-10}[dtype]
     atol = rtol * expected.float().abs().max().item()
     torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
@@ -86,6 +86,26 @@ def test_silu_and_mul_matches_reference(backend, dtype, rows, inter):
         up = gate_up[0, inter].item()
         expected_00 = -60 * math.exp(-60) / (1 + math.exp(-60)) * up
         assert out[0, 0].item() == pytest.approx(expected_00, rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_silu_and_mul_in_16_bits_is_off_by_at_most_one_unit(backend, dtype):
+    # The 16-bit outputs take e^x and 1 / (1 + e) to ~1e-4 (the float32 ones exactly): each
+    # output is the exact value rounded, or its neighbour where that value lies within ~1e-4
+    # of a rounding boundary (a few in a hundred).
+    gate = torch.linspace(-30, 30, 2 * 3072, dtype=torch.float64)
+    up = torch.linspace(0.5, 3.0, 2 * 3072, dtype=torch.float64).flip(0)
+    gate_up = torch.cat([gate.view(2, 3072), up.view(2, 3072)], dim=1).to(dtype)
+    out = cpu_layer_ops.silu_and_mul(backend, gate_up).double()
+    g, u = gate_up.double().chunk(2, dim=1)
+    exact = g * torch.sigmoid(g) * u
+    rounded = exact.to(dtype).double()
+    # a unit at |rounded| (at most this), or float16's subnormal spacing
+    bits, smallest = {torch.bfloat16: (7, 2.0**-133), torch.float16: (10, 2.0**-24)}[dtype]
+    unit = (rounded.abs() * 2.0**-bits).clamp_min(smallest)
+    off = (out - rounded).abs()
+    assert (off <= unit).all()
+    assert (off == 0).double().mean() >= 0.9
 
 
 def test_silu_and_mul_of_a_strided_view_and_an_odd_width(backend):

@@ -54,19 +54,17 @@ constexpr int64_t kKeys = 32;     // keys a step: two tiles of S^T, the k of one
 constexpr float kSlack = 12.0f;   // how far a score (base 2) may pass the max it is taken against
 
 #ifdef LLMBENCH_HAS_AMX
-// 2^x for x <= kSlack, as p needs it: p is rounded to bfloat16 (relative 2^-9) before P·V, so
-// 2^f on |f| <= 1/2 by its Taylor series to degree 5 (relative error < 3e-6) is plenty, and
-// costs 10 instructions a vector where simd.h's e^x to float32 accuracy costs 13.
+// 2^x for finite x <= kSlack, as p needs it: p is rounded to bfloat16 (relative 2^-9) before
+// P·V, so 2^f on |f| <= 1/2 by a degree-3 polynomial (fitted for relative error: < 7.5e-5) is
+// plenty, and costs 6 instructions a vector where simd.h's e^x to float32 accuracy costs 13.
+// Far below 0 (x − n = 0, n huge and negative) scalef gives 0.
 inline __m512 exp2_for_p(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // below: 0
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.3333558e-3f);  // (ln 2)^k / k!, k = 5 .. 0
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022651f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69314718f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(0.055171650f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24261114f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69326097f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992806f));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -85,10 +83,14 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
                  float scale, uint16_t* out, int64_t out_row) {
   const int64_t d = kv.d;  // 32 or 64
   // Q^T as B tiles: per 32 of d, [16 pairs of d][16 queries] dwords (zeros past `rows`).
-  alignas(64) uint32_t q_t[2 * 256] = {};
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto* pairs = reinterpret_cast<const uint32_t*>(q + r * q_row);
-    for (int64_t p = 0; p < d / 2; ++p) q_t[(p / 16) * 256 + (p % 16) * 16 + r] = pairs[p];
+  // Per 16 pairs: the rows' [16 queries][16 pairs] transposed in registers.
+  alignas(64) uint32_t q_t[2 * 256];
+  for (int64_t half = 0; half < d / 32; ++half) {
+    __m512i block[16];
+    for (int64_t r = 0; r < kQueries; ++r)
+      block[r] = r < rows ? _mm512_loadu_si512(q + r * q_row + half * 32) : _mm512_setzero_si512();
+    llmbench_simd::transpose_16x16(block);
+    for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(q_t + half * 256 + p * 16, block[p]);
   }
   // Two blocks of keys in flight: S^T and P^T double-buffered, so that the tiles' results are
   // read by the vectors (and the vectors' by the tiles) a step after they were written. Read
@@ -187,7 +189,16 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
     }
     // p = 2^(s2 − m2) where seen, 0 elsewhere; keys 2p and 2p + 1 interleaved per query.
     __m512 block_sum = _mm512_setzero_ps();
+    // The keys of block b + 2 and the values^T of block b + 1, both read by the tiles in the next
+    // step, to L1 meanwhile (4 KiB each at d = 64): a tile load waits for its lines.
+    const char* next_keys = reinterpret_cast<const char*>(kv.keys + std::min(b + 2, blocks - 1) * kKeys * d);
+    const char* next_values = reinterpret_cast<const char*>(kv.values_t + std::min(b + 1, blocks - 1) * kKeys * d);
+    const int64_t block_bytes = kKeys * d * 2;
     for (int64_t p = 0; p < kKeys / 2; ++p) {
+      for (int64_t line = p * 64; line < block_bytes; line += kKeys / 2 * 64) {
+        _mm_prefetch(next_keys + line, _MM_HINT_T0);
+        _mm_prefetch(next_values + line, _MM_HINT_T0);
+      }
       __m512 pair[2];
       for (int t = 0; t < 2; ++t) {
         const int64_t j = 2 * p + t;
@@ -209,11 +220,16 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
     _tile_stored(4, o_t + 32 * kQueries, 64);
     _tile_stored(5, o_t + 48 * kQueries, 64);
   }
-  alignas(64) float inv[kQueries];
-  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), row_sum));
-  for (int64_t r = 0; r < rows; ++r) {
-    auto* y = reinterpret_cast<c10::BFloat16*>(out + r * out_row);
-    for (int64_t i = 0; i < d; ++i) y[i] = c10::BFloat16(o_t[i * kQueries + r] * inv[r]);
+  // O^T / Σp, per 16 of d: [16 of d][16 queries] transposed in registers into a row a query.
+  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), row_sum);
+  for (int64_t i0 = 0; i0 < d; i0 += 16) {
+    __m512i block[16];
+    for (int64_t i = 0; i < 16; ++i)
+      block[i] = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(o_t + (i0 + i) * kQueries), inv));
+    llmbench_simd::transpose_16x16(block);
+    for (int64_t r = 0; r < rows; ++r)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_row + i0),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_castsi512_ps(block[r]))));
   }
 }
 
