@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from llmbench.errors import UserError
-from llmbench.roofline.ceilings import exceeds_ceiling_line
+from llmbench.roofline.ceilings import exceeds_ceiling_line, mem_available_bytes
 from llmbench.roofline.cost_model import StepShape, loaded_bytes_per_param, step_cost
 from llmbench.roofline.profile_costs import OPS, OpCost, kernel_costs, op_costs
 from llmbench.roofline.profile_ops import OpEvent, classify
@@ -114,6 +114,8 @@ def profile(
     # early, and the unprofiled steps ran fewer of them: at 32 streams 41.9 → 18.5 ms a step
     # over eight steps, reported as the profiler's overhead).
     batched = max(spec.batches) * max(spec.contexts)
+    kv_bytes = _kv_bytes(config, spec, longest)
+    check_memory(config, spec, kv_bytes, batched, mem_available_bytes())
     engine = LLMEngine(
         replace(
             engine_config,
@@ -121,7 +123,7 @@ def profile(
             max_num_seqs=max(spec.batches),
             max_num_batched_tokens=max(2048, batched),
             enable_prefix_caching=False,
-            kv_cache_memory=_kv_bytes(config, spec, longest),
+            kv_cache_memory=kv_bytes,
         )
     )
     import torch
@@ -183,6 +185,36 @@ def step_shape(
         kv_bytes_per_elem=kv_bytes_per_elem,
         lm_head_bytes_per_param=lm_head_bpp,
     )
+
+
+def step_activation_bytes(config, dtype: str, tokens: int) -> int:
+    """An upper estimate of one step's activations at `tokens` tokens: a layer's gate_up output
+    and SwiGLU activation, its q, k and v, and four hidden-size tensors (x, the residual, the
+    normed input, the attention output), all alive at once.
+
+    Formula: tokens · elem · (3·I + q_size + 2·kv_size + 4·hidden), elem 4 (float32) or 2."""
+    elem = 4 if dtype == "float32" else 2
+    width = 3 * config.intermediate_size + config.q_size + 2 * config.kv_size
+    return tokens * elem * (width + 4 * config.hidden_size)
+
+
+def check_memory(
+    config, spec: ProfileSpec, kv_bytes: int, tokens: int, available: int | None
+) -> None:
+    """Refuse, in one line and before anything is loaded, a profile whose weights (in the
+    dtype), K/V cache and one step's activations (a point prefills its prompts in one step of
+    batch × context tokens) would not fit the memory available (None: unknown, not checked)."""
+    elem = 4 if spec.dtype == "float32" else 2
+    weights = config.num_params() * elem
+    activations = step_activation_bytes(config, spec.dtype, tokens)
+    need = weights + kv_bytes + activations
+    if available is not None and need > available:
+        raise UserError(
+            f"profile: --batch {max(spec.batches)} × --context {max(spec.contexts)} needs "
+            f"~{need / 1e9:.1f} GB (weights {weights / 1e9:.1f}, K/V cache {kv_bytes / 1e9:.1f}, "
+            f"one step of {tokens:,} tokens {activations / 1e9:.1f}), more than the "
+            f"{available / 1e9:.1f} GB available; profile fewer streams or a shorter context"
+        )
 
 
 def _kv_bytes(config, spec: ProfileSpec, longest: int) -> int:

@@ -11,7 +11,7 @@ from llmbench.harness.engine_config import engine_config
 from llmbench.harness.spec import EngineSpec
 from llmbench.roofline import profile_table
 from llmbench.roofline.cost_model import StepShape, step_cost
-from llmbench.roofline.profile import ProfileSpec, profile
+from llmbench.roofline.profile import ProfileSpec, check_memory, profile
 from llmbench.roofline.profile_costs import OPS
 
 # Roofs given, not measured: 10 GB/s read, 100 GFLOP/s in every dtype.
@@ -170,4 +170,20 @@ def test_a_context_past_the_window_and_a_mixture_of_experts_are_refused():
         profile(spec, _engine(spec), ROOFS)
     with pytest.raises(UserError, match="mixture of experts"):
         spec = ProfileSpec("synthetic:tiny-moe")
+        profile(spec, _engine(spec), ROOFS)
+
+
+def test_a_point_too_large_for_memory_is_refused_before_anything_is_loaded():
+    # synthetic:tiny (hidden 64, I 128, q 64, kv 32, 106,816 parameters), bfloat16: weights
+    # 213,632 bytes; a step's activations 2·(3·128 + 64 + 2·32 + 4·64) = 1,536 bytes a token.
+    tiny = PRESETS["tiny"]
+    spec = ProfileSpec("synthetic:tiny", batches=(10,), contexts=(100,))
+    need = 213_632 + 1_000_000 + 1000 * 1_536
+    check_memory(tiny, spec, 1_000_000, 1000, available=need)
+    check_memory(tiny, spec, 1_000_000, 1000, available=None)  # unknown: not checked
+    with pytest.raises(UserError, match=r"--batch 10 × --context 100 needs ~0.0 GB .* K/V cache"):
+        check_memory(tiny, spec, 1_000_000, 1000, available=need - 1)
+    # End to end: a million streams of 4,000 tokens want ~1 TB of K/V cache alone.
+    spec = ProfileSpec("synthetic:tiny", batches=(1_000_000,), contexts=(4000,), num_steps=1)
+    with pytest.raises(UserError, match="profile fewer streams or a shorter context"):
         profile(spec, _engine(spec), ROOFS)
