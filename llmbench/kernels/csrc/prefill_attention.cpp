@@ -191,8 +191,10 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
     __m512 block_sum = _mm512_setzero_ps();
     // The keys of block b + 2 and the values^T of block b + 1, both read by the tiles in the next
     // step, to L1 meanwhile (4 KiB each at d = 64): a tile load waits for its lines.
-    const char* next_keys = reinterpret_cast<const char*>(kv.keys + std::min(b + 2, blocks - 1) * kKeys * d);
-    const char* next_values = reinterpret_cast<const char*>(kv.values_t + std::min(b + 1, blocks - 1) * kKeys * d);
+    const char* next_keys =
+        reinterpret_cast<const char*>(kv.keys + std::min(b + 2, blocks - 1) * kKeys * d);
+    const char* next_values =
+        reinterpret_cast<const char*>(kv.values_t + std::min(b + 1, blocks - 1) * kKeys * d);
     const int64_t block_bytes = kKeys * d * 2;
     for (int64_t p = 0; p < kKeys / 2; ++p) {
       for (int64_t line = p * 64; line < block_bytes; line += kKeys / 2 * 64) {
@@ -225,11 +227,13 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
   for (int64_t i0 = 0; i0 < d; i0 += 16) {
     __m512i block[16];
     for (int64_t i = 0; i < 16; ++i)
-      block[i] = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(o_t + (i0 + i) * kQueries), inv));
+      block[i] =
+          _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(o_t + (i0 + i) * kQueries), inv));
     llmbench_simd::transpose_16x16(block);
     for (int64_t r = 0; r < rows; ++r)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_row + i0),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_castsi512_ps(block[r]))));
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(out + r * out_row + i0),
+          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_castsi512_ps(block[r]))));
   }
 }
 
