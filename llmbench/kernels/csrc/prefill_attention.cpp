@@ -54,20 +54,6 @@ constexpr int64_t kKeys = 32;     // keys a step: two tiles of S^T, the k of one
 constexpr float kSlack = 12.0f;   // how far a score (base 2) may pass the max it is taken against
 
 #ifdef LLMBENCH_HAS_AMX
-// 2^x for finite x <= kSlack, as p needs it: p is rounded to bfloat16 (relative 2^-9) before
-// P·V, so 2^f on |f| <= 1/2 by a degree-3 polynomial (fitted for relative error: < 7.5e-5) is
-// plenty, and costs 6 instructions a vector where simd.h's e^x to float32 accuracy costs 13.
-// Far below 0 (x − n = 0, n huge and negative) scalef gives 0.
-inline __m512 exp2_for_p(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(0.055171650f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24261114f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69326097f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992806f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // One KV head, packed for the tiles: keys [Cp][d] (rows of d, zeros past C) and values^T per
 // 32 keys [Cp / 32][d][32] (zeros past C: each A tile 16 rows of 64 bytes, one after another;
 // [d][Cp] put its rows 4 KiB apart, in one L1 set), Cp = C rounded up to 32.
@@ -99,7 +85,8 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
   alignas(64) uint32_t p_t[2][16 * kQueries];     // P^T as a B tile: 16 pairs of keys × 16 queries
   alignas(64) float o_t[64 * kQueries];           // O^T when it leaves the tiles
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  // Scores in base 2: s · scale · log2(e), so that p = 2^(s2 − m2) (`exp2_for_p`).
+  // Scores in base 2: s · scale · log2(e), so that p = 2^(s2 − m2) (simd.h's `exp2_coarse`,
+  // to ~1e-4: p is rounded to bfloat16 anyway).
   __m512 row_max = _mm512_set1_ps(neg_inf), row_sum = _mm512_setzero_ps();
   const __m512 scale_v = _mm512_set1_ps(scale * 1.44269504088896341f);
   const __m512 slack = _mm512_set1_ps(kSlack);
@@ -169,7 +156,7 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
       row_max = new_max;  // O^T and Σp are still 0
     } else if (_mm512_cmp_ps_mask(block_max, _mm512_add_ps(row_max, slack), _CMP_GT_OQ)) {
       // rescale O^T and Σp by 2^(m_old − m_new)
-      const __m512 alpha = exp2_for_p(_mm512_sub_ps(row_max, new_max));
+      const __m512 alpha = llmbench_simd::exp2_coarse(_mm512_sub_ps(row_max, new_max));
       row_sum = _mm512_mul_ps(row_sum, alpha);
       _tile_stored(2, o_t, 64);
       _tile_stored(3, o_t + 16 * kQueries, 64);
@@ -204,8 +191,8 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
       __m512 pair[2];
       for (int t = 0; t < 2; ++t) {
         const int64_t j = 2 * p + t;
-        const __m512 e =
-            exp2_for_p(_mm512_fmsub_ps(_mm512_load_ps(st + j * kQueries), scale_v, row_max));
+        const __m512 e = llmbench_simd::exp2_coarse(
+            _mm512_fmsub_ps(_mm512_load_ps(st + j * kQueries), scale_v, row_max));
         pair[t] = _mm512_maskz_mov_ps(seen[j], e);
         block_sum = _mm512_add_ps(block_sum, pair[t]);
       }
