@@ -33,7 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from llmbench.errors import UserError
 from llmbench.roofline.ceilings import exceeds_ceiling_line, mem_available_bytes
-from llmbench.roofline.cost_model import StepShape, loaded_bytes_per_param, step_cost
+from llmbench.roofline.cost_model import (
+    BYTES_PER_ELEM,
+    StepShape,
+    loaded_bytes_per_param,
+    step_cost,
+)
 from llmbench.roofline.profile_costs import OPS, OpCost, kernel_costs, op_costs
 from llmbench.roofline.profile_ops import OpEvent, classify
 
@@ -192,8 +197,8 @@ def step_activation_bytes(config, dtype: str, tokens: int) -> int:
     and SwiGLU activation, its q, k and v, and four hidden-size tensors (x, the residual, the
     normed input, the attention output), all alive at once.
 
-    Formula: tokens · elem · (3·I + q_size + 2·kv_size + 4·hidden), elem 4 (float32) or 2."""
-    elem = 4 if dtype == "float32" else 2
+    Formula: tokens · elem · (3·I + q_size + 2·kv_size + 4·hidden), elem the dtype's bytes."""
+    elem = int(BYTES_PER_ELEM[dtype])
     width = 3 * config.intermediate_size + config.q_size + 2 * config.kv_size
     return tokens * elem * (width + 4 * config.hidden_size)
 
@@ -204,7 +209,7 @@ def check_memory(
     """Refuse, in one line and before anything is loaded, a profile whose weights (in the
     dtype), K/V cache and one step's activations (a point prefills its prompts in one step of
     batch × context tokens) would not fit the memory available (None: unknown, not checked)."""
-    elem = 4 if spec.dtype == "float32" else 2
+    elem = int(BYTES_PER_ELEM[spec.dtype])
     weights = config.num_params() * elem
     activations = step_activation_bytes(config, spec.dtype, tokens)
     need = weights + kv_bytes + activations
@@ -223,7 +228,7 @@ def _kv_bytes(config, spec: ProfileSpec, longest: int) -> int:
     from llmbench.engine.kv_dtype import KVCacheDtype, bytes_per_token
 
     block_size = 16  # EngineConfig's
-    elem = 4 if spec.dtype == "float32" else 2
+    elem = int(BYTES_PER_ELEM[spec.dtype])
     per_token = bytes_per_token(
         config.num_layers, config.num_kv_heads, config.head_dim, KVCacheDtype(), elem
     )

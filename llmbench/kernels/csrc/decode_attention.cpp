@@ -207,8 +207,8 @@ void attend_float(const AttentionProblem& a, const T* q, const T* kc, const T* v
           // 16 keys' products summed by one lane-sum tree (a reduction a key cost as much as
           // its products), the softmax step 16 lanes at a time (float32 attention at 17% of
           // its roof in a SmolLM2 decode step, its exponentials scalar)
-          float alpha;
-          if (d % 16 == 0) {
+          const bool by_16 = d % 16 == 0;
+          if (by_16) {
             for (int64_t k0 = 0; k0 < n; k0 += 16) {
               __m512 dots[16];
               for (int64_t r = 0; r < 16; ++r) {
@@ -220,16 +220,14 @@ void attend_float(const AttentionProblem& a, const T* q, const T* kc, const T* v
               }
               _mm512_storeu_ps(s + k0, llmbench_simd::sum_lanes_16(dots));
             }
-            mask_chunk(s, c0, n, a.context_lens[run.first + i]);
-            alpha = softmax_step_16(s, n, st.m[state], st.l[state]);
-          } else {
+          } else
+#endif
             for (int64_t c = 0; c < n; ++c) s[c] = llmbench_simd::dot(qs, kf.data() + c * d, d);
-            mask_chunk(s, c0, n, a.context_lens[run.first + i]);
-            alpha = softmax_step(s, n, st.m[state], st.l[state]);
-          }
-#else
-          for (int64_t c = 0; c < n; ++c) s[c] = llmbench_simd::dot(qs, kf.data() + c * d, d);
           mask_chunk(s, c0, n, a.context_lens[run.first + i]);
+#if defined(__AVX512F__)
+          const float alpha = by_16 ? softmax_step_16(s, n, st.m[state], st.l[state])
+                                    : softmax_step(s, n, st.m[state], st.l[state]);
+#else
           const float alpha = softmax_step(s, n, st.m[state], st.l[state]);
 #endif
           float* acc = st.acc.data() + state * d;

@@ -125,23 +125,15 @@ class TileAttention {
  private:
   // Q^T as B tiles, per 32 of d: [16 pairs of d][16 states] dwords, zeros past `lanes`; each
   // lane's context (0 past `lanes`: it sees nothing).
-  // Per 32 of d: the lanes' [16 states][16 pairs] transposed in registers.
   void pack_queries(const Pass& pass) {
     alignas(64) int32_t lens[kLanes] = {};
-    const uint16_t* rows[kLanes] = {};
+    const uint16_t* rows[kLanes];
     for (int64_t lane = 0; lane < pass.lanes; ++lane) {
       const int64_t t = pass.s0 + lane, i = t / g_, h = pass.kv * g_ + t % g_;
       rows[lane] = q_ + (run_.first + i) * a_.q_row + h * a_.q_head;
       lens[lane] = static_cast<int32_t>(std::min<int64_t>(a_.context_lens[run_.first + i], p1_));
     }
-    for (int64_t half = 0; half < d_ / 32; ++half) {
-      __m512i block[kLanes];
-      for (int64_t lane = 0; lane < kLanes; ++lane)
-        block[lane] = lane < pass.lanes ? _mm512_loadu_si512(rows[lane] + half * 32)
-                                        : _mm512_setzero_si512();
-      llmbench_simd::transpose_16x16(block);
-      for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(q_t_ + half * 256 + p * 16, block[p]);
-    }
+    llmbench_simd::pack_pair_rows(rows, pass.lanes, d_, reinterpret_cast<uint16_t*>(q_t_));
     lens_ = _mm512_load_si512(lens);
   }
 

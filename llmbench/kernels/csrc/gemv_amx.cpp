@@ -111,22 +111,13 @@ void configure_tiles() { configure_full_tiles(); }
 void release_tiles() { _tile_release(); }
 
 std::vector<uint16_t> pack_rows(const uint16_t* x, int64_t x_row, int64_t M, int64_t K) {
-  // Per 16 rows and 32 k: the rows' 16 pairs of k (a 64-byte row each) transposed in
-  // registers; element by element it took ~25 µs for 32 rows of K = 1,536, a quarter of a
-  // 32-stream step's down_proj.
   const int64_t chunks = K / kTileK, m_chunks = (M + kTileRows - 1) / kTileRows;
   std::vector<uint16_t> out(m_chunks * chunks * kTileElements);
   for (int64_t mc = 0; mc < m_chunks; ++mc) {
     const int64_t rows = std::min(kTileRows, M - mc * kTileRows);
-    for (int64_t c = 0; c < chunks; ++c) {
-      __m512i r[kTileRows];
-      for (int64_t i = 0; i < kTileRows; ++i)  // zeros past row M
-        r[i] = i < rows ? _mm512_loadu_si512(x + (mc * kTileRows + i) * x_row + c * kTileK)
-                        : _mm512_setzero_si512();
-      llmbench_simd::transpose_16x16(r);  // r[p]: pair p of k of every row
-      uint16_t* dst = out.data() + (mc * chunks + c) * kTileElements;
-      for (int64_t p = 0; p < kTileRows; ++p) _mm512_storeu_si512(dst + p * kTileK, r[p]);
-    }
+    const uint16_t* row[kTileRows];
+    for (int64_t i = 0; i < rows; ++i) row[i] = x + (mc * kTileRows + i) * x_row;
+    llmbench_simd::pack_pair_rows(row, rows, K, out.data() + mc * chunks * kTileElements);
   }
   return out;
 }

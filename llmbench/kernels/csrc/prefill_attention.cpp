@@ -69,15 +69,10 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0, c
                  float scale, uint16_t* out, int64_t out_row) {
   const int64_t d = kv.d;  // 32 or 64
   // Q^T as B tiles: per 32 of d, [16 pairs of d][16 queries] dwords (zeros past `rows`).
-  // Per 16 pairs: the rows' [16 queries][16 pairs] transposed in registers.
   alignas(64) uint32_t q_t[2 * 256];
-  for (int64_t half = 0; half < d / 32; ++half) {
-    __m512i block[16];
-    for (int64_t r = 0; r < kQueries; ++r)
-      block[r] = r < rows ? _mm512_loadu_si512(q + r * q_row + half * 32) : _mm512_setzero_si512();
-    llmbench_simd::transpose_16x16(block);
-    for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(q_t + half * 256 + p * 16, block[p]);
-  }
+  const uint16_t* q_rows[kQueries];
+  for (int64_t r = 0; r < rows; ++r) q_rows[r] = q + r * q_row;
+  llmbench_simd::pack_pair_rows(q_rows, rows, d, reinterpret_cast<uint16_t*>(q_t));
   // Two blocks of keys in flight: S^T and P^T double-buffered, so that the tiles' results are
   // read by the vectors (and the vectors' by the tiles) a step after they were written. Read
   // at once, each handoff stalled on the store (in `perf`, ~30% of the kernel's samples).

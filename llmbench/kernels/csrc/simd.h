@@ -93,6 +93,22 @@ inline void transpose_16x16(__m512i r[16]) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// Up to 16 rows of K 16-bit values (rows[i] for i < count, zeros for the others; K a multiple
+// of 32) as TDPBF16PS's B operand: per 32 of K, a tile of 16 rows of 64 bytes whose row p holds
+// pair p of every input row ([16 pairs][16 rows] dwords), out + 512·(k / 32). 16x16 transposes
+// in registers: element by element this cost a quarter of a 32-stream down_proj.
+inline void pack_pair_rows(const uint16_t* const* rows, int64_t count, int64_t K, uint16_t* out) {
+  for (int64_t c = 0; c < K / 32; ++c) {
+    __m512i r[16];
+    for (int64_t i = 0; i < 16; ++i)
+      r[i] = i < count ? _mm512_loadu_si512(rows[i] + 32 * c) : _mm512_setzero_si512();
+    transpose_16x16(r);  // r[p]: pair p of every row
+    for (int64_t p = 0; p < 16; ++p) _mm512_storeu_si512(out + 512 * c + 32 * p, r[p]);
+  }
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // 16-bit lanes 0..15 and 16..31 of v (two cvtne2ps halves) interleaved: lane 2i ← v[i],
 // 2i + 1 ← v[16 + i], so dword i is the pair (v[i], v[16 + i]), the tiles' pair layout.
