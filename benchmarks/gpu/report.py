@@ -41,6 +41,30 @@ def problems(records: Sequence[dict]) -> list[str]:
     ]
 
 
+def above_roof(engine: Sequence[dict]) -> list[str]:
+    """A line for each decode or prefill point that ran faster than the roof it is put against:
+    its MBU or MFU is left blank (`analysis.phase_utilization`), because the roof is wrong (a
+    probe measured while the machine was busy, or too small to reach the peak)."""
+    roofs = ((by_part(engine, "roofs") or [{}])[0].get("roofs")) or {}
+    read, flops = roofs.get("read_bytes_per_s"), roofs.get("flops_per_s")
+    lines = []
+    for row in by_part(engine, "decode"):
+        if row.get("mbu") is None and read and row["bytes_per_s"] > read:
+            lines.append(
+                f"decode batch {row['batch']} context {row['context']} graphs {row['graphs']}: "
+                f"read {row['bytes_per_s'] / GB:.2f} GB/s, above the measured read roof "
+                f"{read / GB:.2f} GB/s; MBU left blank (measure the roofs again on a quiet device)"
+            )
+    for row in by_part(engine, "prefill"):
+        if row.get("mfu") is None and flops and row["flops_per_s"] > flops:
+            lines.append(
+                f"prefill of {row['num_tokens']} tokens: {row['flops_per_s'] / TFLOP:.3f} TFLOP/s, "
+                f"above the measured matmul roof {flops / TFLOP:.3f} TFLOP/s; MFU left blank "
+                "(measure the roofs again on a quiet device)"
+            )
+    return lines
+
+
 def pytest_counts(xml_path: Path) -> dict[str, Any] | None:
     """Tests, failures, errors, skips and the names of failed tests of a junit xml file."""
     if not xml_path.is_file():
@@ -146,7 +170,7 @@ def collect(
         "profile": by_part(engine, "profile"),
         "run": run_summary(out / "agentic-results.json"),
         "targets": targets(engine),
-        "problems": problems(parity + roofs + engine),
+        "problems": problems(parity + roofs + engine) + above_roof(engine),
     }
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.gpu.budget import step_timeout_s
 from benchmarks.gpu.plan import CPU_DRY_RUN, GPU, STEPS
-from benchmarks.gpu.report import markdown, roof_rows, steps_only, targets
+from benchmarks.gpu.report import above_roof, markdown, roof_rows, steps_only, targets
 from benchmarks.gpu.sitting import pytest_files
 from benchmarks.gpu.step_process import StepOutcome, run_step
 
@@ -90,7 +90,9 @@ def test_the_dry_run_tables_hold_numbers(dry_run):
         assert row["num_steps"] == CPU_DRY_RUN.num_decode_steps
         assert row["tok_per_s"] == pytest.approx(row["batch"] / (row["tpot_ms"] / 1e3))
         assert row["context_max"] <= row["context"]  # no measured step past the point
-        assert 0 < row["mbu"] <= 1 and row["whatif_ms"] > 0
+        point = f"decode batch {row['batch']} context {row['context']} graphs {row['graphs']}:"
+        assert is_within_roof_or_named(row["mbu"], point, summary["problems"])
+        assert row["whatif_ms"] > 0
         assert row["measured_over_whatif"] == pytest.approx(row["tpot_ms"] / row["whatif_ms"])
         assert not row["is_graphed"]  # a CPU has no CUDA graphs
     (attention,) = summary["attention"]
@@ -102,12 +104,20 @@ def test_the_dry_run_tables_hold_numbers(dry_run):
     )
     prefill = summary["prefill"]
     assert [r["num_tokens"] for r in prefill] == list(CPU_DRY_RUN.prefill_tokens)
-    assert all(0 < r["mfu"] <= 1 and r["step_ms"] > 0 for r in prefill)
+    for row in prefill:
+        point = f"prefill of {row['num_tokens']} tokens:"
+        assert is_within_roof_or_named(row["mfu"], point, summary["problems"])
+        assert row["step_ms"] > 0
     assert [r["batch"] for r in summary["profile"]] == list(CPU_DRY_RUN.profile_batches)
     assert all(r["top"] and r["busy_ms"] > 0 for r in summary["profile"])
     run = summary["run"]
     assert run["num_completed"] > 0 and run["num_failed"] == 0 and run["output_tok_per_s"] > 0
-    assert all(t["value"] > 0 and t["verdict"] in ("met", "missed") for t in summary["targets"])
+    for target in summary["targets"]:
+        if target["value"] is None:  # an MBU or MFU left blank, named in the problems
+            assert target["verdict"] == "no data"
+            assert any("above the measured" in p for p in summary["problems"])
+        else:
+            assert target["value"] > 0 and target["verdict"] in ("met", "missed")
     text = (out / "summary.md").read_text()
     for heading in (
         "## Steps",
@@ -121,6 +131,15 @@ def test_the_dry_run_tables_hold_numbers(dry_run):
         assert heading in text
     html = (out / "agentic-report.html").read_text()
     assert "<svg" in html and 'src="figures/' not in html  # one self-contained file
+
+
+def is_within_roof_or_named(value, point: str, problems: list[str]) -> bool:
+    """An MBU or MFU in (0, 1], or left blank with a problem line saying the point ran above
+    its roof: the dry run's 3-second roof probes can be measured while CI's other tests load
+    the machine, and the point run faster later."""
+    if value is not None:
+        return 0 < value <= 1
+    return any(p.startswith(point) and "above the measured" in p for p in problems)
 
 
 def test_the_summary_is_printed_last(dry_run):
@@ -181,6 +200,25 @@ def test_roofs_beside_the_datasheet_by_hand():
         ["matmul bfloat16 TFLOP/s", "700.0", "989.0", "0.71"],
         ["matmul fp8 TFLOP/s (sitting's probe)", "1200.0", "-", "-"],
     ]
+
+
+def test_points_above_their_roof_are_named_by_hand():
+    roofs = {"roofs": {"read_bytes_per_s": 2e9, "flops_per_s": 1e11}}
+    decode = {"batch": 1, "context": 64, "graphs": "on", "bytes_per_s": 3e9, "mbu": None}
+    records = [
+        {"part": "roofs", "row": roofs},
+        {"part": "decode", "row": decode},
+        {"part": "decode", "row": decode | {"graphs": "off", "bytes_per_s": 1e9, "mbu": 0.5}},
+        {"part": "prefill", "row": {"num_tokens": 256, "flops_per_s": 3.5e11, "mfu": None}},
+        {"part": "prefill", "row": {"num_tokens": 64, "flops_per_s": 5e10, "mfu": 0.5}},
+    ]
+    assert above_roof(records) == [
+        "decode batch 1 context 64 graphs on: read 3.00 GB/s, above the measured read roof "
+        "2.00 GB/s; MBU left blank (measure the roofs again on a quiet device)",
+        "prefill of 256 tokens: 0.350 TFLOP/s, above the measured matmul roof 0.100 TFLOP/s; "
+        "MFU left blank (measure the roofs again on a quiet device)",
+    ]
+    assert above_roof([{"part": "roofs", "row": {"roofs": {"read_bytes_per_s": None}}}]) == []
 
 
 def test_targets_are_judged_on_the_plans_points():
