@@ -48,7 +48,7 @@ class Linear:
         if weight.device.type == "cpu" and weight.dtype in cpu_gemv.WEIGHT_DTYPES:
             backend = cpu_extension()
             if backend.is_extension:
-                rows = cpu_gemv.max_rows(weight.dtype)
+                rows = cpu_gemv.max_rows(weight.dtype, backend.isa)
                 op = backend.op(cpu_gemv.OP)
                 return cls(weight.contiguous(), bias, fast_op=op, max_fast_rows=rows)
         if weight.device.type == "cpu" and weight.dtype == torch.float32:

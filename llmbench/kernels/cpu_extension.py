@@ -13,6 +13,9 @@ compiling.
     LLMBENCH_CPU_EXTENSION=auto (default)  the extension where it builds, else torch's ops
     LLMBENCH_CPU_EXTENSION=ext             the extension, or an error saying why it cannot run
     LLMBENCH_CPU_EXTENSION=torch           torch's ops
+    LLMBENCH_CPU_ISA=avx512bf16_vnni       built for that instruction set (one of `ISA_NAMES`)
+                                           instead of the best this CPU has: what a CPU without
+                                           AMX, say, runs, measured and tested on this one
 
 `LLMBENCH_CPU_GEMV`, its name while the library held only the matmul, is read (same values) when
 LLMBENCH_CPU_EXTENSION is unset; it is deprecated and says so on stderr once per process.
@@ -113,13 +116,37 @@ ISA_FLAGS = (
 )
 
 
-def choose_isa(flags: frozenset[str]) -> tuple[str, tuple[str, ...]]:
+ISA_ENV_VAR = "LLMBENCH_CPU_ISA"
+ISA_NAMES = (*(name for name, _, _ in ISA_FLAGS), "scalar")
+
+
+def runnable_isas(flags: frozenset[str]) -> list[str]:
+    """The instruction sets of ISA_NAMES a CPU with `flags` runs, best first."""
+    return [name for name, needed, _ in ISA_FLAGS if all(f in flags for f in needed)] + ["scalar"]
+
+
+def choose_isa(flags: frozenset[str], wanted: str | None = None) -> tuple[str, tuple[str, ...]]:
     """(instruction set name, compiler flags) for a CPU with `flags`: the first of ISA_FLAGS
-    it fully has, else ("scalar", ())."""
-    for name, needed, cflags in ISA_FLAGS:
-        if all(f in flags for f in needed):
-            return name, cflags
-    return "scalar", ()
+    it fully has, else ("scalar", ()); with `wanted` (ISA_ENV_VAR's value), that one, or
+    KernelDispatchError if it is unknown or the CPU lacks one of its flags."""
+    runnable = runnable_isas(flags)
+    if wanted is not None and wanted not in ISA_NAMES:
+        raise KernelDispatchError(
+            f"{ISA_ENV_VAR}={wanted}: unknown instruction set; use one of {', '.join(ISA_NAMES)}"
+        )
+    if wanted is not None and wanted not in runnable:
+        (needed,) = (n for name, n, _ in ISA_FLAGS if name == wanted)
+        lacks = ", ".join(f for f in needed if f not in flags)
+        raise KernelDispatchError(
+            f"{ISA_ENV_VAR}={wanted}: this CPU lacks {lacks}; it runs {', '.join(runnable)}"
+        )
+    name = wanted or runnable[0]
+    return name, next((cflags for isa, _, cflags in ISA_FLAGS if isa == name), ())
+
+
+def wanted_isa(env: Mapping[str, str]) -> str | None:
+    """ISA_ENV_VAR's value, lower-cased (None when empty or unset)."""
+    return env.get(ISA_ENV_VAR, "").strip().lower() or None
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -247,7 +274,8 @@ def load(
 ) -> CpuExtension:
     """The CPU C++ extension under `env` (default: the process environment): the extension
     loaded from `directory` (default `cache_dir(env)`), built there first if it is not, or
-    torch's ops with the reason. LLMBENCH_CPU_EXTENSION=ext turns every reason into an error."""
+    torch's ops with the reason. LLMBENCH_CPU_EXTENSION=ext turns every reason into an error;
+    an ISA_ENV_VAR this CPU cannot run is one (`choose_isa`)."""
     env = os.environ if env is None else env
     name, choice = choice_of(env)
     if choice not in CHOICES:
@@ -265,7 +293,7 @@ def _load_extension(
 ) -> CpuExtension:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return CpuExtension("torch", f"no extension for {platform.machine()} CPUs")
-    isa, cflags = choose_isa(this_cpu_flags() if flags is None else flags)
+    isa, cflags = choose_isa(this_cpu_flags() if flags is None else flags, wanted_isa(env))
     source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     name = build_name(source, isa, cflags, torch.__version__)
     build_dir = directory / name

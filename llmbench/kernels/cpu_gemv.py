@@ -25,7 +25,6 @@ from llmbench.kernels.checks import (
 )
 from llmbench.kernels.cost import KernelCost, dtype_bytes
 from llmbench.kernels.cpu_extension import CpuExtension
-from llmbench.kernels.cpu_info import this_cpu_flags
 
 OP = "gemv"  # the library's op, and the name its checks give
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -43,14 +42,12 @@ MAX_ROWS_BF16 = 16
 MAX_ROWS_BF16_AMX = 64
 MAX_ROWS_F16 = 1 << 30
 MAX_ROWS_F32 = 16
-AMX_FLAGS = ("amx_bf16", "amx_tile")  # /proc/cpuinfo: the extension's bfloat16 gemv uses the tiles
 
 
-def max_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int:
-    """The most rows of x for which the model calls the extension instead of torch, on a CPU
-    with `flags` (default: this one's)."""
-    flags = this_cpu_flags() if flags is None else flags
-    bf16 = MAX_ROWS_BF16_AMX if all(f in flags for f in AMX_FLAGS) else MAX_ROWS_BF16
+def max_rows(dtype: torch.dtype, isa: str) -> int:
+    """The most rows of x for which the model calls the extension instead of torch, for an
+    extension built for `isa` (`CpuExtension.isa`: "_amx" multiplies bfloat16 on the tiles)."""
+    bf16 = MAX_ROWS_BF16_AMX if isa.endswith("_amx") else MAX_ROWS_BF16
     return {torch.bfloat16: bf16, torch.float32: MAX_ROWS_F32}.get(dtype, MAX_ROWS_F16)
 
 

@@ -44,6 +44,32 @@ def test_isa_and_compiler_flags_follow_the_cpu(flags, isa, must_have):
     assert (must_have in cflags) if must_have else cflags == ()
 
 
+def test_a_wanted_instruction_set_is_built_if_the_cpu_runs_it():
+    amx = AVX512_BF16_FLAGS | {"amx_tile", "amx_bf16"}
+    assert cpu_extension.choose_isa(amx)[0] == "avx512bf16_vnni_amx"
+    assert cpu_extension.choose_isa(amx, "avx512bf16_vnni") == cpu_extension.choose_isa(
+        AVX512_BF16_FLAGS
+    )
+    assert cpu_extension.choose_isa(amx, "scalar") == ("scalar", ())
+    assert cpu_extension.runnable_isas(frozenset({"avx2", "fma", "f16c"})) == ["avx2", "scalar"]
+    with pytest.raises(KernelDispatchError) as lacking:
+        cpu_extension.choose_isa(AVX512_BF16_FLAGS, "avx512bf16_vnni_amx")
+    assert str(lacking.value) == (
+        "LLMBENCH_CPU_ISA=avx512bf16_vnni_amx: this CPU lacks amx_tile, amx_bf16; it runs "
+        "avx512bf16_vnni, avx512_vnni, avx512bf16, avx512, avx2, scalar"
+    )
+    with pytest.raises(KernelDispatchError, match=r"=sse9: unknown instruction set; use one of"):
+        cpu_extension.choose_isa(amx, "sse9")
+
+
+def test_the_wanted_instruction_set_is_read_from_the_environment(tmp_path):
+    assert cpu_extension.wanted_isa({"LLMBENCH_CPU_ISA": " AVX2 "}) == "avx2"
+    assert cpu_extension.wanted_isa({"LLMBENCH_CPU_ISA": ""}) is None
+    env = {"LLMBENCH_CPU_ISA": "avx512bf16_vnni_amx"}
+    with pytest.raises(KernelDispatchError, match="this CPU lacks amx_tile"):
+        cpu_extension.load(tmp_path, env=env, flags=AVX512_BF16_FLAGS)
+
+
 def test_build_name_changes_with_source_flags_and_torch():
     base = cpu_extension.build_name(b"src", "avx2", ("-mavx2",), "2.13.0")
     assert base.startswith("llmbench_cpu_ext_avx2_")

@@ -145,10 +145,11 @@ def test_symmetric_int4_and_bias_and_residual(backend):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
-    """bfloat16 x: on this CPU's AMX tiles, W dequantised a block at a time; float32 x: W
-    dequantised whole, then one matmul. Both are x times the same dequantised W, summed in
-    float32 and rounded once (with the bias and residual) where the reference rounds the
-    float64 sum once: at most one unit in the last place apart."""
+    """bfloat16 x on AMX tiles: W dequantised a block at a time; elsewhere (float32 x, or a
+    CPU without AMX): W dequantised whole, then one addmm. Both are x times the same
+    dequantised W, summed in float32 and rounded once with the bias and residual, where the
+    reference rounds the float64 sum once: at most one unit in the last place apart. (addmm
+    adds one tensor: the residual plus the bias, rounded first.)"""
     weight = _random(shape, 13, 0.05)
     codes, scale_zero, scale = _layout(weight, bits)
     for dtype, ulp in ((torch.bfloat16, 2**-7), (torch.float32, 1e-5)):
@@ -158,6 +159,9 @@ def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
         args = (x, codes, scale_zero, scale, shape[0], bias, residual)
         y = cpu_quant_gemv.quant_gemv(backend, *args, op=cpu_quant_gemv.GEMM_OP)
         expected = cpu_quant_gemv.quant_gemm_reference(*args)
+        if dtype == torch.float32 or not backend.isa.endswith("_amx"):
+            added = (x, codes, scale_zero, scale, shape[0], None, residual + bias)
+            expected = cpu_quant_gemv.quant_gemm_reference(*added)
         assert y.dtype == dtype and y.shape == (num_rows, shape[0])
         assert torch.isfinite(y).all()
         torch.testing.assert_close(y.float(), expected.float(), rtol=ulp, atol=1e-4)

@@ -27,6 +27,8 @@
 // bfloat16 streams 16-17.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
@@ -419,7 +421,7 @@ at::Tensor quant_dequantize(const at::Tensor& codes, const c10::optional<at::Ten
 // call). bfloat16 x on a CPU whose OS lets this process use the AMX tiles: gemv_amx.cpp's
 // gemm_quant_bf16, each block of W dequantised in cache into the tiles' layout once a call and
 // met by every row of x. Otherwise W is dequantised whole to x's dtype (dequantize_blocks) and
-// multiplied by at::mm (oneDNN).
+// multiplied by at::addmm (oneDNN).
 
 at::Tensor quant_gemm_tiles(const QuantProblem& p, const at::Tensor& x,
                             const c10::optional<at::Tensor>& bias,
@@ -455,10 +457,13 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& codes,
       checked_problem("quant_gemm", x, codes, scale_zero, scale, out_features, bias, residual);
   if (x.scalar_type() == at::kBFloat16 && llmbench_amx::available())
     return quant_gemm_tiles(p, x, bias, residual);
-  at::Tensor y = at::mm(x, dequantized(p, x.options()).t());
-  if (bias) y.add_(*bias);
-  if (residual) y.add_(*residual);
-  return y;
+  const at::Tensor w_t = dequantized(p, x.options()).t();
+  if (!bias && !residual) return at::mm(x, w_t);
+  // The bias or the residual added to the float32 sums inside the matmul and rounded once, as
+  // `engine.linear.Linear` does (mm, then two add_, rounded a 16-bit y three times); with
+  // both, their sum is rounded first.
+  const at::Tensor add = !residual ? *bias : bias ? at::add(*residual, *bias) : *residual;
+  return at::addmm(add, x, w_t);
 }
 
 }  // namespace
