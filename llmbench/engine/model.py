@@ -252,7 +252,8 @@ class LlamaModel:
         dispatch = kernel_ops.dispatch_for(self.device)
         # CPU without Triton: RMSNorm, RoPE and decode attention through the C++ extension
         # when it is in use (`kernels.cpu_layer_ops`), decode-sized matmuls too (`Linear`), and
-        # bfloat16 prefill attention where it has AMX tiles (`kernels.cpu_prefill_attention`).
+        # bfloat16 prefill attention where it has AMX tiles or AVX-512 BF16 vectors
+        # (`kernels.cpu_prefill_attention`).
         self.cpu_ops: CpuLayerOps | None = None
         if self.device.type == "cpu" and not dispatch.uses_triton:
             backend = kernel_ops.cpu_extension()

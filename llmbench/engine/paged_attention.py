@@ -365,7 +365,8 @@ def paged_attention(
     `decode_op` (the C++ extension's, with `kernels.decode_attention`'s arguments) attends the
     one-token sequences over a cache in the model's dtype straight from its blocks, with no
     gather of their contexts; `prefill_op` (the extension's `prefill_attention`, bfloat16 on
-    AMX tiles: `kernels.cpu_prefill_attention`) attends each prompt chunk instead of SDPA.
+    AMX tiles or AVX-512 BF16 vectors: `kernels.cpu_prefill_attention`) attends each prompt
+    chunk instead of SDPA.
     """
     is_exact = isinstance(cache, torch.Tensor) and cache.dtype == kv.dtype
     if is_exact:

@@ -60,6 +60,7 @@ SOURCES = tuple(
         "decode_attention_tiles.cpp",
         "decode_layer.cpp",
         "prefill_attention.cpp",
+        "prefill_attention_vectors.cpp",
     )
 )
 HEADERS = tuple(sorted(CSRC.glob("*.h")))

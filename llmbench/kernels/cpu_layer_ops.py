@@ -129,8 +129,9 @@ class CpuLayerOps:
     # rows); see `LlamaModel.forward`. `decode_layers`: every layer of the model in one call.
     decode_layer: Callable[..., torch.Tensor]
     decode_layers: Callable[..., torch.Tensor]
-    # A prompt chunk's causal attention on AMX tiles (`kernels.cpu_prefill_attention`), where
-    # the build has them and the model's head_dim fits; else None (torch's SDPA).
+    # A prompt chunk's causal attention on AMX tiles or AVX-512 BF16 vectors
+    # (`kernels.cpu_prefill_attention`), where the build has them and the model's head_dim fits;
+    # else None (torch's SDPA).
     prefill_attention: Callable[..., torch.Tensor] | None = None
 
     @classmethod

@@ -1,13 +1,16 @@
 """Causal prefill attention on the C++ extension (`csrc/prefill_attention.cpp`): a prompt's query
 rows over their context on Intel's AMX tiles, flash-style, computed transposed (S^T = K·Q^T, the
-softmax down each query's column, O^T += V^T·P^T) — checked, its float64 reference, its cost.
+softmax down each query's column, O^T += V^T·P^T); on a CPU without the tiles, with AVX-512 BF16
+dot products (`csrc/prefill_attention_vectors.cpp`) — checked, its float64 reference, its cost.
 
     out[i, h] = Σ_j softmax_j(scale · q[i, h] · k[j, h // g]) · v[j, h // g],  j ≤ offset + i
 
 q [L, nh, d], k and v [C, nkv, d] (bfloat16), query i at position offset + i (offset = C − L:
 0 for a fresh prompt, the cached prefix for a later chunk), g = nh / nkv. The engine calls it
 for prefill chunks of a bfloat16 model whose head_dim the tiles take (`TILE_HEAD_DIMS`) on an
-extension built with AMX (`available`); inside, an OS that refuses the tiles gets torch's SDPA.
+extension built with AMX, or the vectors (`VECTOR_HEAD_DIMS`) on one built with AVX-512 BF16 and
+no AMX (`available`); inside, an OS that refuses the tiles gets the vectors, another head_dim
+torch's SDPA.
 """
 
 from __future__ import annotations
@@ -20,11 +23,19 @@ from llmbench.kernels.cpu_extension import CpuExtension
 
 OP = "prefill_attention"
 TILE_HEAD_DIMS = (32, 64)  # O^T of 16 queries in at most four tiles
+VECTOR_HEAD_DIMS = (32, 64, 128)  # o of the task's rows in 16 vector registers
 
 
 def available(backend: CpuExtension, head_dim: int) -> bool:
-    """Whether the engine calls the op: an extension built with AMX, a head_dim the tiles take."""
-    return backend.is_extension and "amx" in (backend.isa or "") and head_dim in TILE_HEAD_DIMS
+    """Whether the engine calls the op: an extension built with AMX and a head_dim the tiles
+    take, or built with AVX-512 BF16 but not AMX and a head_dim the vectors take. (Where the
+    tiles are, torch's SDPA uses them too, and is faster than the vectors.)"""
+    isa = backend.isa or ""
+    if not backend.is_extension:
+        return False
+    if "amx" in isa:
+        return head_dim in TILE_HEAD_DIMS
+    return "bf16" in isa and head_dim in VECTOR_HEAD_DIMS
 
 
 def prefill_attention(

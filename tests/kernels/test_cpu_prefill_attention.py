@@ -1,8 +1,8 @@
-"""The extension's prefill attention on AMX tiles (`kernels.cpu_prefill_attention`) against its
-float64 reference: fresh prompts and later chunks, grouped heads, partial blocks of rows and
-keys, scores large enough to move the running max; its checks and its cost. The tiles run on
-this machine's and CI's Intel Xeon; another CPU runs torch's SDPA inside the same op, and a
-head_dim of 128 does everywhere."""
+"""The extension's prefill attention (`kernels.cpu_prefill_attention`) against its float64
+reference: fresh prompts and later chunks, grouped heads, partial blocks of rows and keys, scores
+large enough to move the running max; its checks and its cost. The AMX tiles run on this
+machine's and CI's Intel Xeon (head_dim 128: torch's SDPA inside the op); the AVX-512 BF16
+vectors on a CPU without them, and in CI through test_cpu_lesser_isa.py's build."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from llmbench.kernels import cpu_extension, cpu_prefill_attention
 from llmbench.kernels.errors import KernelArgumentError
 
 # (L, C, nh, nkv, d): a row, rows in one partial block, several blocks with a partial one, a
-# later chunk over a cached prefix, grouped heads, d 32 and 64 (the tiles) and 128 (SDPA)
+# later chunk over a cached prefix, grouped heads, d 32 and 64 (the tiles) and 128 (SDPA on
+# the tiles' build, the vectors on one without them)
 SHAPES = [
     (1, 1, 2, 1, 64),
     (5, 5, 2, 1, 64),
@@ -23,6 +24,7 @@ SHAPES = [
     (1, 40, 2, 1, 32),
     (100, 300, 6, 2, 64),
     (20, 50, 4, 2, 128),
+    (45, 45, 2, 1, 128),
 ]
 
 
@@ -52,12 +54,17 @@ def test_it_matches_the_float64_reference(backend, shape, q_scale):
     torch.testing.assert_close(y.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_the_engine_calls_it_only_where_the_tiles_take_the_head(backend):
-    amx = cpu_extension.CpuExtension("extension", "x", "avx512bf16_vnni_amx", "ns")
+def test_the_engine_calls_it_where_the_tiles_or_the_vectors_take_the_head(backend):
+    def build(isa):
+        return cpu_extension.CpuExtension("extension", "x", isa, "ns")
+
+    amx, bf16, vnni = build("avx512bf16_vnni_amx"), build("avx512bf16_vnni"), build("avx512_vnni")
     assert cpu_prefill_attention.available(amx, 64) and cpu_prefill_attention.available(amx, 32)
-    assert not cpu_prefill_attention.available(amx, 128)
-    no_amx = cpu_extension.CpuExtension("extension", "x", "avx512bf16_vnni", "ns")
-    assert not cpu_prefill_attention.available(no_amx, 64)
+    assert not cpu_prefill_attention.available(amx, 128)  # SDPA on the tiles is faster there
+    assert all(cpu_prefill_attention.available(bf16, d) for d in (32, 64, 128))
+    assert not cpu_prefill_attention.available(bf16, 96)
+    assert not cpu_prefill_attention.available(vnni, 64)  # no bfloat16 dot products
+    assert not cpu_prefill_attention.available(cpu_extension.CpuExtension("torch", "x"), 64)
 
 
 def test_argument_errors_name_the_argument(backend):

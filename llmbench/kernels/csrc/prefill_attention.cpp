@@ -22,7 +22,8 @@
 // rounded once. Tasks go to threads with the short and the long rows of
 // the causal triangle interleaved, so that each thread gets as many products.
 //
-// Other head sizes, or a CPU (or OS) without the tiles: torch's SDPA, called by this op.
+// A CPU (or OS) without the tiles: AVX-512 BF16 dot products (prefill_attention_vectors.cpp)
+// for d 32, 64 or 128; other head sizes, or no AVX-512 BF16: torch's SDPA, called by this op.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "gemv_amx.h"
+#include "prefill_attention.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -291,9 +293,15 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   TORCH_CHECK(nkv > 0 && nh % nkv == 0, "prefill_attention: nh must be a multiple of nkv");
   TORCH_CHECK(L > 0 && offset == C - L, "prefill_attention: offset must be C − L >= 0, got ",
               offset, " for L ", L, ", C ", C);
+  bool has_tiles = false;
 #ifdef LLMBENCH_HAS_AMX
-  if ((d == 32 || d == 64) && llmbench_amx::available())
-    return attend_on_tiles(q, k, v, scale, offset);
+  has_tiles = llmbench_amx::available();
+  if ((d == 32 || d == 64) && has_tiles) return attend_on_tiles(q, k, v, scale, offset);
+#endif
+#ifdef LLMBENCH_HAS_BF16_VECTORS
+  // Where the tiles are, torch's SDPA multiplies on them too (MKL): faster than the vectors.
+  if (!has_tiles && llmbench_prefill_attention::vectors_take(d))
+    return llmbench_prefill_attention::attend_with_vectors(q, k, v, scale, offset);
 #endif
   return attend_with_torch(q, k, v, scale, offset);
 }
