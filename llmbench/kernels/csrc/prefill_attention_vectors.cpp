@@ -19,8 +19,9 @@
 #include "prefill_attention.h"
 
 #ifdef LLMBENCH_HAS_BF16_VECTORS
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <immintrin.h>
 
 #include <algorithm>
