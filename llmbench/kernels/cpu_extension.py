@@ -119,6 +119,7 @@ ISA_FLAGS = (
 
 ISA_ENV_VAR = "LLMBENCH_CPU_ISA"
 ISA_NAMES = (*(name for name, _, _ in ISA_FLAGS), "scalar")
+_ISA_BY_NAME = {name: (needed, cflags) for name, needed, cflags in ISA_FLAGS} | {"scalar": ((), ())}
 
 
 def runnable_isas(flags: frozenset[str]) -> list[str]:
@@ -131,18 +132,18 @@ def choose_isa(flags: frozenset[str], wanted: str | None = None) -> tuple[str, t
     it fully has, else ("scalar", ()); with `wanted` (ISA_ENV_VAR's value), that one, or
     KernelDispatchError if it is unknown or the CPU lacks one of its flags."""
     runnable = runnable_isas(flags)
-    if wanted is not None and wanted not in ISA_NAMES:
+    name = wanted or runnable[0]
+    if name not in _ISA_BY_NAME:
         raise KernelDispatchError(
-            f"{ISA_ENV_VAR}={wanted}: unknown instruction set; use one of {', '.join(ISA_NAMES)}"
+            f"{ISA_ENV_VAR}={name}: unknown instruction set; use one of {', '.join(ISA_NAMES)}"
         )
-    if wanted is not None and wanted not in runnable:
-        (needed,) = (n for name, n, _ in ISA_FLAGS if name == wanted)
+    needed, cflags = _ISA_BY_NAME[name]
+    if name not in runnable:
         lacks = ", ".join(f for f in needed if f not in flags)
         raise KernelDispatchError(
-            f"{ISA_ENV_VAR}={wanted}: this CPU lacks {lacks}; it runs {', '.join(runnable)}"
+            f"{ISA_ENV_VAR}={name}: this CPU lacks {lacks}; it runs {', '.join(runnable)}"
         )
-    name = wanted or runnable[0]
-    return name, next((cflags for isa, _, cflags in ISA_FLAGS if isa == name), ())
+    return name, cflags
 
 
 def wanted_isa(env: Mapping[str, str]) -> str | None:

@@ -119,9 +119,7 @@ void dot_rows_float(const float* xf, int64_t K, const void* wv_base, float acc[k
         wv[r] = _mm512_loadu_ps(wf + r * K + k);
       } else {
         __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * K + k));
-        wv[r] = KIND == kBF16
-                    ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))
-                    : _mm512_cvtph_ps(raw);
+        wv[r] = KIND == kBF16 ? llmbench_simd::bf16_to_float(raw) : _mm512_cvtph_ps(raw);
       }
     }
     for (int m = 0; m < NM; ++m) {

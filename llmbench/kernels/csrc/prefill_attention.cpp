@@ -247,8 +247,7 @@ at::Tensor attend_on_tiles(const at::Tensor& q, const at::Tensor& k, const at::T
     llmbench_amx::configure_tiles();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t head = t % nh, j = t / nh;
-      // 0, n − 1, 1, n − 2, ...: short and long rows of the triangle alternate in any range.
-      const int64_t b = j % 2 == 0 ? j / 2 : blocks - 1 - j / 2;
+      const int64_t b = llmbench_prefill_attention::triangle_order(j, blocks);
       const int64_t first = b * kQueries, rows = std::min(kQueries, L - first);
       const int64_t h = head / group;
       const KvHead kv{keys.data() + h * Cp * d, values_t.data() + h * d * Cp, C, Cp, d};

@@ -44,10 +44,6 @@ struct PackedHead {
   const uint32_t* values;  // [Cp / 16][8][d]
 };
 
-inline __m512 bf16_as_float(__m256i x) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
-}
-
 inline __m512bh pair_bcast(uint32_t pair) { return (__m512bh)_mm512_set1_epi32(pair); }
 
 // Query head rows at positions pos0 .. pos0 + rows − 1 (rows ≤ R), q rows q_row apart, out rows
@@ -105,7 +101,7 @@ void attend_rows(const uint16_t* q, int64_t q_row, int64_t rows, int64_t pos0,
         const __m512 e = _mm512_maskz_mov_ps(
             mask[h], llmbench_simd::exp2_coarse(_mm512_sub_ps(x[h], _mm512_set1_ps(m[r]))));
         const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(e);
-        sum[r] = _mm512_add_ps(sum[r], bf16_as_float(rounded));
+        sum[r] = _mm512_add_ps(sum[r], llmbench_simd::bf16_to_float(rounded));
         _mm256_store_si256(reinterpret_cast<__m256i*>(pb[h][r]), rounded);
       }
     }
@@ -137,13 +133,12 @@ void attend_all(const at::Tensor& q, const std::vector<uint32_t>& keys,
   const auto* qp = static_cast<const uint16_t*>(q.data_ptr());
   auto* op = static_cast<uint16_t*>(out.data_ptr());
   const int64_t blocks = (L + R - 1) / R;
-  // Head-major, so that a thread's tasks share one KV head in cache; within a head the short
-  // and the long rows of the causal triangle alternate (0, n − 1, 1, n − 2, ...), so that any
-  // contiguous range holds as many products.
+  // Head-major, so that a thread's tasks share one KV head in cache; within a head in
+  // `triangle_order`.
   at::parallel_for(0, nh * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t head = t / blocks, j = t % blocks;
-      const int64_t b = j % 2 == 0 ? j / 2 : blocks - 1 - j / 2;
+      const int64_t b = triangle_order(j, blocks);
       const int64_t first = b * R, rows = std::min<int64_t>(R, L - first);
       const int64_t h = head / group;
       const PackedHead kv{keys.data() + h * Cp * D / 2, values.data() + h * Cp * D / 2};

@@ -23,11 +23,15 @@ template <typename T>
 inline T from_f(float v) { return static_cast<T>(v); }
 
 #if defined(__AVX512F__)
+// 16 bfloat16 bit patterns as float32 lanes (exact: the bits shifted into the high half).
+inline __m512 bf16_to_float(__m256i raw) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 // 16 consecutive elements as float32 lanes.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  return bf16_to_float(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -126,8 +130,7 @@ inline __m512 load16_masked(const float* p, __mmask16 valid) {
   return _mm512_maskz_loadu_ps(valid, p);
 }
 inline __m512 load16_masked(const c10::BFloat16* p, __mmask16 valid) {
-  const __m256i raw = _mm256_maskz_loadu_epi16(valid, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  return bf16_to_float(_mm256_maskz_loadu_epi16(valid, p));
 }
 inline __m512 load16_masked(const c10::Half* p, __mmask16 valid) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, p));
