@@ -8,19 +8,21 @@ cache, so every pass streams them from DRAM, as a decode step does). Each cell i
 of `--repeats` passes in ms, after one warm-up pass. The paths:
 
 - `bf16`: the unquantised layer (`linear.Linear`, bfloat16), torch's native GEMV under 3 rows
-  (oneDNN off, as `model._gemv_backend` does), oneDNN above;
+  (oneDNN off, as `LlamaModel._gemv_backend` does without the extension), oneDNN above;
 - `int8 kernel`: `torch.ops.aten._weight_int8pack_mm` (bfloat16 x and scales);
 - `int8 deq+mm`: codes → bfloat16 per call, oneDNN matmul, then the scales;
 - `int4 kernel`: `torch.ops.aten._weight_int4pack_mm_for_cpu` (`quant.linear.PackedInt4Linear`);
 - `int4 deq+mm`: the dequantise-per-call layout used off the CPU (`quant.linear.Int4Linear`);
 - `int8 engine`, `int4 engine`: the layers the engine builds on a CPU with VNNI and the C++
   extension (`quant.linear.VnniLinear`): its VNNI matmul up to 16 rows, its weight-only
-  `quant_gemm` above (on a CPU with AMX, W dequantised a block at a time onto the tiles).
+  `quant_gemm` above (W dequantised a block at a time, met on the AMX tiles or, on a CPU with
+  AVX-512 BF16 and no AMX, on vectors).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -29,7 +31,6 @@ import torch
 
 from llmbench.engine.kernel_ops import cpu_extension
 from llmbench.engine.linear import Linear
-from llmbench.engine.model import _gemv_backend
 from llmbench.engine.quant.linear import (
     int4_layer,
     int8_layer,
@@ -71,13 +72,21 @@ def _paths(weights: list[torch.Tensor]) -> dict[str, list[Callable]]:
     }
 
 
+def _torch_backend(num_rows: int):
+    """torch's native GEMV up to 2 rows (oneDNN off), as the model runs bfloat16 without the
+    C++ extension."""
+    if num_rows <= 2:
+        return torch.backends.mkldnn.flags(enabled=False)
+    return contextlib.nullcontext()
+
+
 def time_pass(layers: list[Callable], xs: dict[int, torch.Tensor], repeats: int) -> float:
-    """Median seconds of one pass over every matrix."""
+    """Median seconds of one pass over every matrix (layers[i] has SHAPES[i % 4]'s shape)."""
     num_rows = next(iter(xs.values())).shape[0]
 
     def one_pass() -> None:
-        with _gemv_backend(torch.device("cpu"), torch.bfloat16, num_rows):
-            for layer, (_, num_in) in zip(layers, SHAPES * NUM_LAYERS, strict=True):
+        with _torch_backend(num_rows):
+            for layer, (_, num_in) in zip(layers, SHAPES * NUM_LAYERS, strict=False):
                 layer(xs[num_in])
 
     one_pass()

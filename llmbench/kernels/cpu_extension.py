@@ -55,6 +55,7 @@ SOURCES = tuple(
         "gemv.cpp",
         "gemv_amx.cpp",
         "gemv_quant.cpp",
+        "gemm_vectors.cpp",
         "layer_ops.cpp",
         "decode_attention.cpp",
         "decode_attention_tiles.cpp",

@@ -30,24 +30,27 @@ OP = "gemv"  # the library's op, and the name its checks give
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Up to this many rows of x the extension beats torch's matmul (`max_rows`). bfloat16: measured
 # by `benchmarks/cpu_gemv.py --rows` (ext vs native and oneDNN), at SmolLM2's shapes from DRAM,
-# 2 threads: on the AMD EPYC (AVX-512 BF16, no AMX) the extension wins up to 16 rows; on the
-# Intel Xeon with AMX, where from 2 rows it multiplies on the tiles (`csrc/gemv_amx.cpp`), at
-# every row count to 64 (gate_up 22.0 GB/s against oneDNN's 11.7 at 8 rows, 17.4 against 10.6
-# at 32, 11.3 against 8.8 at 64; one VDPBF16PS pass of 4 rows at a time had lost to oneDNN from
-# 8 rows on). float16: always (torch has no fast float16 CPU matmul: ~0.3 GFLOP/s here);
-# float32: SmolLM2-135M's 120 layer matrices from DRAM, 2 threads, at load ≈ 2.5 (tests
-# running), best of 10: 8.4 ms (50 GB/s) vs 19.5 for MKL on the input-major layout at one row,
-# 9.7 vs 36.0 at 4, 15.5 vs 43.1 at 16.
+# 2 threads: on the AMD EPYC (AVX-512 BF16, no AMX) the extension's loops (4 rows of x a pass)
+# win up to 16 rows. From 16 rows a build with AVX-512 BF16 multiplies on panels of W, one row
+# of W a lane (`csrc/gemm_vectors.cpp`), or, on the Intel Xeon with AMX from 2 rows, on the
+# tiles (`csrc/gemv_amx.cpp`): both beat oneDNN to 64 rows (tiles: gate_up 22.0 GB/s against
+# oneDNN's 11.7 at 8 rows, 17.4 against 10.6 at 32, 11.3 against 8.8 at 64; panels, the
+# model's 120 matrices with the AMX-less path forced on the Xeon: 37-42 against 42-49 ms at 16
+# rows, 60-64 against 64-66 at 32, 103 against 104-115 at 64). float16: always (torch has no
+# fast float16 CPU matmul: ~0.3 GFLOP/s here); float32: SmolLM2-135M's 120 layer matrices from
+# DRAM, 2 threads, at load ≈ 2.5 (tests running), best of 10: 8.4 ms (50 GB/s) vs 19.5 for MKL
+# on the input-major layout at one row, 9.7 vs 36.0 at 4, 15.5 vs 43.1 at 16.
 MAX_ROWS_BF16 = 16
-MAX_ROWS_BF16_AMX = 64
+MAX_ROWS_BF16_PANELS = 64
 MAX_ROWS_F16 = 1 << 30
 MAX_ROWS_F32 = 16
 
 
 def max_rows(dtype: torch.dtype, isa: str) -> int:
     """The most rows of x for which the model calls the extension instead of torch, for an
-    extension built for `isa` (`CpuExtension.isa`: "_amx" multiplies bfloat16 on the tiles)."""
-    bf16 = MAX_ROWS_BF16_AMX if isa.endswith("_amx") else MAX_ROWS_BF16
+    extension built for `isa` (`CpuExtension.isa`: "avx512bf16…" multiplies bfloat16 on the
+    tiles or on panels)."""
+    bf16 = MAX_ROWS_BF16_PANELS if isa.startswith("avx512bf16") else MAX_ROWS_BF16
     return {torch.bfloat16: bf16, torch.float32: MAX_ROWS_F32}.get(dtype, MAX_ROWS_F16)
 
 

@@ -4,10 +4,11 @@
     y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias) (+ residual), y in x's dtype
 
 Two ops read the layouts. `quant_gemv` (decode: a few rows) quantises x; `quant_gemm` (prefill:
-many rows) is weight-only, x kept as it is: on a CPU with AMX, bfloat16 x meets W dequantised to
-bfloat16 one block of 16 rows at a time in cache (`csrc/gemv_amx.cpp`), elsewhere W is
-dequantised whole to x's dtype (`quant_dequantize`) for one oneDNN addmm (bias or residual
-added before y is rounded); `quant_gemm_reference` is that product in float64.
+many rows) is weight-only, x kept as it is: bfloat16 x meets W dequantised to bfloat16 one block
+of 16 rows at a time in cache (`csrc/gemm_panels.h`), on the AMX tiles (`csrc/gemv_amx.cpp`) or
+on AVX-512 BF16 vectors (`csrc/gemm_vectors.cpp`); elsewhere W is dequantised whole to x's dtype
+(`quant_dequantize`) for one oneDNN addmm. Bias and residual are added before y is rounded;
+`quant_gemm_reference` is that product in float64.
 
 In `quant_gemv`, x is quantised per call to int8 in groups of 32 along K (scale max|x| / 127),
 as llama.cpp quantises activations for its Q4/Q8 dot products, so the codes multiply with

@@ -22,8 +22,10 @@ def _random(shape, dtype, seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 # From 2 rows with K a multiple of 32 and N >= 32, a CPU with AMX multiplies on the tiles
 # (whole 16-row blocks; 40 rows: 2 blocks and 8 left to the vector loops), 20 and 64 rows in
-# chunks of 16 rows of x.
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 8, 20, 64])
+# chunks of 16 rows of x. Without AMX, from 16 rows with K a multiple of 32, bfloat16 goes to
+# the panels: 12 rows of x a pass, then 8, 4, 2, 1 (17, 20, 64, 150), the last block partial
+# (960 = 60 blocks; 40, 5), and above 128 rows every panel filled first (150).
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 8, 17, 20, 64, 150])
 @pytest.mark.parametrize(
     "out_features, in_features", [(960, 576), (7, 33), (13, 100), (5, 1536), (40, 64)]
 )
@@ -95,8 +97,9 @@ def test_cost_is_a_hand_count():
 
 def test_max_rows_per_dtype():
     no_amx, amx = "avx512bf16_vnni", "avx512bf16_vnni_amx"
-    assert cpu_gemv.max_rows(torch.bfloat16, no_amx) == cpu_gemv.MAX_ROWS_BF16 == 16
-    assert cpu_gemv.max_rows(torch.bfloat16, amx) == cpu_gemv.MAX_ROWS_BF16_AMX == 64
+    assert cpu_gemv.max_rows(torch.bfloat16, no_amx) == cpu_gemv.MAX_ROWS_BF16_PANELS == 64
+    assert cpu_gemv.max_rows(torch.bfloat16, amx) == cpu_gemv.MAX_ROWS_BF16_PANELS
+    assert cpu_gemv.max_rows(torch.bfloat16, "avx512_vnni") == cpu_gemv.MAX_ROWS_BF16 == 16
     assert cpu_gemv.max_rows(torch.float32, amx) == cpu_gemv.MAX_ROWS_F32
     assert cpu_gemv.max_rows(torch.float16, no_amx) == cpu_gemv.MAX_ROWS_F16
     assert cpu_gemv.max_rows(torch.float32, no_amx) == cpu_gemv.MAX_ROWS_F32

@@ -145,11 +145,11 @@ def test_symmetric_int4_and_bias_and_residual(backend):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
-    """bfloat16 x on AMX tiles: W dequantised a block at a time; elsewhere (float32 x, or a
-    CPU without AMX): W dequantised whole, then one addmm. Both are x times the same
-    dequantised W, summed in float32 and rounded once with the bias and residual, where the
-    reference rounds the float64 sum once: at most one unit in the last place apart. (addmm
-    adds one tensor: the residual plus the bias, rounded first.)"""
+    """bfloat16 x on AMX tiles or AVX-512 BF16 vectors: W dequantised a block at a time;
+    elsewhere (float32 x, or a build without AVX-512 BF16): W dequantised whole, then one
+    addmm. Both are x times the same dequantised W, summed in float32 and rounded once with the
+    bias and residual, where the reference rounds the float64 sum once: at most one unit in the
+    last place apart. (addmm adds one tensor: the residual plus the bias, rounded first.)"""
     weight = _random(shape, 13, 0.05)
     codes, scale_zero, scale = _layout(weight, bits)
     for dtype, ulp in ((torch.bfloat16, 2**-7), (torch.float32, 1e-5)):
@@ -159,7 +159,7 @@ def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
         args = (x, codes, scale_zero, scale, shape[0], bias, residual)
         y = cpu_quant_gemv.quant_gemv(backend, *args, op=cpu_quant_gemv.GEMM_OP)
         expected = cpu_quant_gemv.quant_gemm_reference(*args)
-        if dtype == torch.float32 or not backend.isa.endswith("_amx"):
+        if dtype == torch.float32 or not backend.isa.startswith("avx512bf16"):
             added = (x, codes, scale_zero, scale, shape[0], None, residual + bias)
             expected = cpu_quant_gemv.quant_gemm_reference(*added)
         assert y.dtype == dtype and y.shape == (num_rows, shape[0])

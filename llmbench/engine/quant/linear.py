@@ -191,8 +191,9 @@ class VnniLinear:
     """int8 (per output channel) or int4 (group 32) in the C++ extension's layouts
     (`kernels.cpu_quant_gemv`: `scale_zero` for int4, `scale` for int8), for AVX-512 VNNI CPUs.
     Up to `VNNI_MAX_ROWS` rows through the extension's matmul (x quantised per 32 to int8 on
-    the way in, as llama.cpp does); above (prefill), its weight-only `quant_gemm` (on AMX
-    tiles, W dequantised a block at a time in cache; elsewhere dequantised whole per call)."""
+    the way in, as llama.cpp does); above (prefill), its weight-only `quant_gemm` (bfloat16
+    x: W dequantised a block at a time in cache, met on the AMX tiles or on AVX-512 BF16
+    vectors; elsewhere dequantised whole per call)."""
 
     codes: torch.Tensor
     scale_zero: torch.Tensor | None

@@ -32,6 +32,7 @@
 #include <immintrin.h>
 #endif
 
+#include "gemm_panels.h"
 #include "gemv_amx.h"
 #include "ops.h"
 #include "simd.h"
@@ -280,6 +281,30 @@ at::Tensor gemv_amx(const Problem& p, at::Tensor y) {
 }
 #endif
 
+#if defined(__AVX512BF16__)
+// From this many rows of x a bfloat16 product without the tiles runs on gemm_vectors.cpp's
+// panels: each block of 16 rows of W transposed once a call into VDPBF16PS's pair layout, one
+// row of W a lane, so that a pass over 12 rows of x needs no lane sums. Below, the loops above
+// (4 rows of x a pass, a tree of lane sums each) read W at the memory's speed anyway.
+constexpr int64_t kPanelMinRows = 16;
+
+// y = x @ W^T (+ bias) (+ residual) for bfloat16 on the panels, each thread's share of W's
+// 16-row blocks two at a time.
+at::Tensor gemv_panels(const Problem& p, at::Tensor y) {
+  const llmbench_gemm::Epilogue epilogue{static_cast<const c10::BFloat16*>(p.bias),
+                                         static_cast<const c10::BFloat16*>(p.residual), p.res_row,
+                                         static_cast<c10::BFloat16*>(p.y)};
+  const int64_t blocks = (p.N + 15) / 16, pairs = (blocks + 1) / 2;
+  const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / (32 * p.K * 2));
+  at::parallel_for(0, pairs, per_task, [&](int64_t begin, int64_t end) {
+    llmbench_gemm::gemm_bf16_vectors(static_cast<const uint16_t*>(p.x), p.x_row, p.M, p.N, p.K,
+                                     static_cast<const uint16_t*>(p.w), 2 * begin,
+                                     std::min(2 * end, blocks), epilogue);
+  });
+  return y;
+}
+#endif
+
 std::string isa() { return kIsa; }
 
 }  // namespace
@@ -341,6 +366,10 @@ at::Tensor llmbench_ops::gemv(const at::Tensor& x, const at::Tensor& weight,
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
   if (kind == kBF16 && M >= kAmxMinRows && K % 32 == 0 && N >= 32 && llmbench_amx::available())
     return gemv_amx(p, y);
+#endif
+#if defined(__AVX512BF16__)
+  if (kind == kBF16 && M >= kPanelMinRows && K % 32 == 0 && !llmbench_amx::available())
+    return gemv_panels(p, y);
 #endif
   const int64_t num_groups = N / kRows;
   // Each thread streams one contiguous block of rows (at least ~64 KiB of W: a smaller matrix

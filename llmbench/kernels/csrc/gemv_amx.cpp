@@ -12,16 +12,9 @@
 // from memory once for up to 32 rows, twice for 64.
 //
 // gemm_quant_bf16, int8 or int4 W, any number of rows of x (prefill): x is the A operand,
-// straight from its rows, and W the B operand, dequantised to bfloat16 one block of 16 rows at
-// a time into a panel in the pair layout
-//     B[p][2n + t] = w[n][k0 + 2p + t]     (16 pairs of k × 16 rows of W)
-// which every row of x then meets: the weights are dequantised once a call, in cache, never
-// written out whole (the per-call dequantise + oneDNN it replaces wrote a bfloat16 copy of every
-// matrix for every prefill chunk). The quantised layouts put 4 consecutive k of 16 rows in a
-// 64-byte chunk (lane n, byte j = q[n][4t + j]), so one chunk's values, in bfloat16, are two
-// rows of the panel: pairs j = 0, 1 of every lane, then j = 2, 3 (one two-source permute each).
-// Each value is dequantised as gemv_quant.cpp's quant_dequantize does (int8 s·q; int4
-// s·(q − 8), then + z; float32, rounded once to bfloat16), so y is x times exactly that W.
+// straight from its rows, and W the B operand, dequantised one block of 16 rows at a time into
+// gemm_panels.h's panel, which every row of x then meets (the per-call dequantise + oneDNN it
+// replaces wrote a bfloat16 copy of every matrix for every prefill chunk).
 //
 // The tiles need the OS's permission (arch_prctl ARCH_REQ_XCOMP_PERM, once a process) and a
 // tile configuration on every thread that uses them, loaded at the start of its share and
@@ -181,120 +174,20 @@ void gemm_bf16(const uint16_t* packed, const uint16_t* w, int64_t M, int64_t N, 
   _tile_release();
 }
 
-namespace {
-
-// The two panel rows of one 64-byte chunk of codes whose 64 values (lane n, byte j: row n, k
-// 4t + j) are v[0..3] in float32 (v[r]: lanes 4r .. 4r + 3): bfloat16 element 4n + j of the
-// chunk is then dword 2n (j = 0, 1) or 2n + 1 (j = 2, 3) of `lo` (rows 0 .. 7) and `hi`.
-inline void store_pair_rows(const __m512 v[4], uint16_t* even_row, uint16_t* odd_row) {
-  const __m512i lo = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v[1], v[0]));
-  const __m512i hi = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v[3], v[2]));
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  _mm512_store_si512(even_row, _mm512_permutex2var_epi32(lo, even, hi));
-  _mm512_store_si512(odd_row, _mm512_permutex2var_epi32(lo, odd, hi));
-}
-
-// A row's value (16 floats, one per row of the block) spread so that lane l of result r holds
-// row 4r + l / 4: the layout of a chunk's bytes.
-inline void spread_rows(__m512 per_row, __m512 out[4]) {
-  for (int r = 0; r < 4; ++r) {
-    const __m512i lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    out[r] = _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(4 * r)), per_row);
-  }
-}
-
-// The 64 bytes of a chunk as 4 × 16 float32 (v[r]: bytes 16r .. 16r + 15), signed or not.
-template <bool kSigned>
-inline void bytes_to_floats(__m512i bytes, __m512 v[4]) {
-  const __m128i q[4] = {_mm512_extracti32x4_epi32(bytes, 0), _mm512_extracti32x4_epi32(bytes, 1),
-                        _mm512_extracti32x4_epi32(bytes, 2), _mm512_extracti32x4_epi32(bytes, 3)};
-  for (int r = 0; r < 4; ++r)
-    v[r] = _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(q[r]) : _mm512_cvtepu8_epi32(q[r]));
-}
-
-// Block b of W as a panel of K / 32 B tiles (tile c at panel + c · 512): int8 w = s·q.
-void int8_panel(const QuantWeights& w, int64_t b, uint16_t* panel) {
-  const auto* codes = w.codes + b * w.groups * 512;
-  __m512 s[4];
-  spread_rows(_mm512_loadu_ps(w.scale + b * kTileRows), s);
-  for (int64_t t = 0; t < w.groups * 8; ++t) {  // chunks of 4 k
-    __m512 v[4];
-    bytes_to_floats<true>(_mm512_loadu_si512(codes + t * 64), v);
-    for (int r = 0; r < 4; ++r) v[r] = _mm512_mul_ps(v[r], s[r]);
-    uint16_t* row = panel + (t / 8) * kTileElements + (t % 8) * 2 * kTileK;
-    store_pair_rows(v, row, row + kTileK);
-  }
-}
-
-// The same for int4 (group 32 = one tile): w = s·(q − 8), then + z, each rounded (no FMA, as
-// quant_dequantize computes it).
-__attribute__((optimize("fp-contract=off")))
-void int4_panel(const QuantWeights& w, int64_t b, uint16_t* panel) {
-  const auto* codes = w.codes + b * w.groups * 256;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512 eight = _mm512_set1_ps(8.0f);
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const c10::Half* sz = w.scale_zero + (b * w.groups + g) * 32;
-    __m512 s[4], z[4];
-    spread_rows(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sz))), s);
-    spread_rows(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sz + 16))), z);
-    uint16_t* tile = panel + g * kTileElements;
-    for (int64_t t = 0; t < 4; ++t) {  // chunk t: k 8t .. 8t + 3 (low nibbles), 8t + 4 .. (high)
-      const __m512i packed = _mm512_loadu_si512(codes + (g * 4 + t) * 64);
-      const __m512i nibbles[2] = {_mm512_and_si512(packed, low4),
-                                  _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4)};
-      for (int h = 0; h < 2; ++h) {
-        __m512 v[4];
-        bytes_to_floats<false>(nibbles[h], v);
-        for (int r = 0; r < 4; ++r) v[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(v[r], eight), s[r]), z[r]);
-        uint16_t* row = tile + (4 * t + 2 * h) * kTileK;  // pairs of k (8t + 4h) / 2 ..
-        store_pair_rows(v, row, row + kTileK);
-      }
-    }
-  }
-}
-
-}  // namespace
-
 void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
                      const QuantWeights& w, int64_t block_begin, int64_t block_end,
                      const Epilogue& e) {
   const int64_t chunks = w.groups, m_chunks = (M + kTileRows - 1) / kTileRows;
-  const int64_t panel_size = chunks * kTileElements;
-  // Up to kMBlock chunks of x (128 rows), each pair of blocks is dequantised and met by every
-  // row at once, its two panels in L1/L2. With more rows x itself no longer stays in L2 (2,048
-  // rows of K = 576 are 2.4 MB) and would be read again for every pair, at the L3's speed
-  // (twice oneDNN's time at 2,048 rows): then every panel of this share is dequantised first,
-  // and x is taken kMBlock chunks at a time, each meeting every panel.
-  constexpr int64_t kMBlock = 8;
-  const bool all_first = m_chunks > kMBlock;
-  const int64_t num_panels = all_first ? block_end - block_begin : 2;
-  std::vector<uint16_t> storage(num_panels * panel_size + 32);
-  uint16_t* panels = reinterpret_cast<uint16_t*>(  // 64-byte aligned: a tile row a cache line
-      (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~static_cast<uintptr_t>(63));
   configure_full_tiles();
   alignas(64) float tile[kTileRows * kTileRows];
-  // A C tile [16 m][16 n] → rows m of y, columns n0 .. (those < N): bias, residual, one rounding.
+  // A C tile [16 m][16 n] → rows m of y, columns n0 .. (those < N).
   auto finish = [&](int64_t n0, int64_t mc) {
-    const int64_t cols = std::min<int64_t>(kTileRows, N - n0);
-    const __mmask16 valid = static_cast<__mmask16>((1u << cols) - 1);
-    const __m512 bias =
-        e.bias ? llmbench_simd::load16_masked(e.bias + n0, valid) : _mm512_setzero_ps();
-    for (int64_t i = 0; i < kTileRows && mc * kTileRows + i < M; ++i) {
-      const int64_t m = mc * kTileRows + i;
-      __m512 v = _mm512_add_ps(_mm512_load_ps(tile + i * kTileRows), bias);
-      if (e.residual)
-        v = _mm512_add_ps(v, llmbench_simd::load16_masked(e.residual + m * e.res_row + n0, valid));
-      llmbench_simd::store16_masked(e.y + m * N + n0, v, valid);
-    }
+    const __mmask16 valid = llmbench_gemm::valid_columns(N, n0);
+    for (int64_t i = 0; i < kTileRows && mc * kTileRows + i < M; ++i)
+      llmbench_gemm::finish_row(e, N, mc * kTileRows + i, n0, valid,
+                                _mm512_load_ps(tile + i * kTileRows));
   };
-  auto fill = [&](int64_t b, uint16_t* panel) {
-    if (w.is_int4)
-      int4_panel(w, b, panel);
-    else
-      int8_panel(w, b, panel);
-  };
+  auto fill = [&](int64_t b, uint16_t* panel) { llmbench_gemm::quant_panel(w, b, panel); };
   // Blocks b (and b + 1 when two_n), panels p0 and p1, against chunks mc_begin .. mc_end of x.
   auto multiply = [&](int64_t b, bool two_n, const uint16_t* p0, const uint16_t* p1,
                       int64_t mc_begin, int64_t mc_end) {
@@ -324,23 +217,8 @@ void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
       finish_tiles(tile, n0, mc, two_n, two_m, finish);
     }
   };
-  if (!all_first) {
-    for (int64_t b = block_begin; b < block_end; b += 2) {
-      const bool two_n = b + 1 < block_end;
-      fill(b, panels);
-      if (two_n) fill(b + 1, panels + panel_size);
-      multiply(b, two_n, panels, panels + panel_size, 0, m_chunks);
-    }
-  } else {
-    for (int64_t b = block_begin; b < block_end; ++b)
-      fill(b, panels + (b - block_begin) * panel_size);
-    for (int64_t mc = 0; mc < m_chunks; mc += kMBlock)
-      for (int64_t b = block_begin; b < block_end; b += 2) {
-        const uint16_t* p0 = panels + (b - block_begin) * panel_size;
-        multiply(b, b + 1 < block_end, p0, p0 + panel_size, mc,
-                 std::min(mc + kMBlock, m_chunks));
-      }
-  }
+  llmbench_gemm::over_panels(chunks * kTileElements, m_chunks, block_begin, block_end, fill,
+                             multiply);
   _tile_release();
 }
 #else

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "gemm_panels.h"
+
 namespace llmbench_amx {
 
 // Whether this build has the AMX path and the OS lets this process use the tiles (asked once).
@@ -22,32 +24,17 @@ void release_tiles();
 // [chunk of 16 rows][chunk of 32 k][16 pairs of k][16 rows][2], zeros past row M.
 std::vector<uint16_t> pack_rows(const uint16_t* x, int64_t x_row, int64_t M, int64_t K);
 
-// What each 16 x 16 result becomes: y[m, n] = Σ + bias[n] + residual[m, n] (those given),
-// rounded once to bfloat16; y [M, N] contiguous, residual rows res_row apart.
-struct Epilogue {
-  const c10::BFloat16* bias;
-  const c10::BFloat16* residual;
-  int64_t res_row;
-  c10::BFloat16* y;
-};
+using llmbench_gemm::Epilogue;
+using llmbench_gemm::QuantWeights;
 
 // y = x @ W^T (+ bias) (+ residual) for the rows of W [N, K] (contiguous, bfloat16) from
 // n_begin to n_end (multiples of 16), x packed by pack_rows.
 void gemm_bf16(const uint16_t* packed, const uint16_t* w, int64_t M, int64_t N, int64_t K,
                int64_t n_begin, int64_t n_end, const Epilogue& epilogue);
 
-// int8 or int4 W in gemv_quant.cpp's layouts (rows in blocks of 16, K in groups of 32).
-struct QuantWeights {
-  const uint8_t* codes;         // block b at codes + b · groups · (512 int8, 256 int4) bytes
-  const c10::Half* scale_zero;  // int4: [blocks, groups, 2, 16]
-  const float* scale;           // int8: [blocks · 16]
-  int64_t groups;
-  bool is_int4;
-};
-
 // y = x @ dequant(W)^T (+ bias) (+ residual) for W's row blocks block_begin .. block_end, with x
 // [M, groups · 32] bfloat16 (rows x_row apart, readable up to M rounded up to 16 rows) and y
-// [M, N]: each block's tiles are dequantised to bfloat16 once and meet every row of x.
+// [M, N]: each block's panel (gemm_panels.h) is dequantised once and meets every row of x.
 void gemm_quant_bf16(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
                      const QuantWeights& w, int64_t block_begin, int64_t block_end,
                      const Epilogue& epilogue);

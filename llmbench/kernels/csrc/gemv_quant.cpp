@@ -418,32 +418,37 @@ at::Tensor quant_dequantize(const at::Tensor& codes, const c10::optional<at::Ten
 
 // ---------------------------------------------------------------------------------------------
 // Products of many rows (prefill), weight-only: x keeps its precision (nothing quantised per
-// call). bfloat16 x on a CPU whose OS lets this process use the AMX tiles: gemv_amx.cpp's
-// gemm_quant_bf16, each block of W dequantised in cache into the tiles' layout once a call and
-// met by every row of x. Otherwise W is dequantised whole to x's dtype (dequantize_blocks) and
-// multiplied by at::addmm (oneDNN).
+// call). bfloat16 x: each block of W dequantised in cache into gemm_panels.h's panel once a
+// call and met by every row of x, on the AMX tiles where the OS lets this process use them
+// (gemv_amx.cpp), else on AVX-512 BF16 vectors (gemm_vectors.cpp). Otherwise (float32 x, or no
+// AVX-512 BF16) W is dequantised whole to x's dtype (dequantize_blocks) and multiplied by
+// at::addmm (oneDNN).
 
-at::Tensor quant_gemm_tiles(const QuantProblem& p, const at::Tensor& x,
-                            const c10::optional<at::Tensor>& bias,
-                            const c10::optional<at::Tensor>& residual) {
-  // x [M, K] padded with zeros to whole tiles: rows to 16, K to the codes' groups of 32.
-  const int64_t K = p.groups * kGroup, rows = (p.M + 15) / 16 * 16;
+at::Tensor quant_gemm_panels(const QuantProblem& p, const at::Tensor& x, bool on_tiles,
+                             const c10::optional<at::Tensor>& bias,
+                             const c10::optional<at::Tensor>& residual) {
+  // x [M, K] padded with zeros to the codes' groups of 32 along K, and (for the tiles, which
+  // load 16 rows at a time) to whole chunks of 16 rows.
+  const int64_t K = p.groups * kGroup, rows = on_tiles ? (p.M + 15) / 16 * 16 : p.M;
   at::Tensor xp = x;
   if (K != p.K || rows != p.M) {
     xp = at::zeros({rows, K}, x.options());
     xp.narrow(0, 0, p.M).narrow(1, 0, p.K).copy_(x);
   }
   at::Tensor y = at::empty({p.M, p.N}, x.options());
-  const llmbench_amx::QuantWeights w{p.codes, p.scale_zero, p.scale, p.groups, p.is_int4};
-  const llmbench_amx::Epilogue epilogue{
+  const llmbench_gemm::QuantWeights w{p.codes, p.scale_zero, p.scale, p.groups, p.is_int4};
+  const llmbench_gemm::Epilogue epilogue{
       bias ? bias->data_ptr<c10::BFloat16>() : nullptr,
       residual ? residual->data_ptr<c10::BFloat16>() : nullptr,
       residual ? residual->stride(0) : 0, y.data_ptr<c10::BFloat16>()};
   const auto* xd = static_cast<const uint16_t*>(xp.data_ptr());
-  const int64_t pairs = (p.num_blocks + 1) / 2;  // two blocks of W share each tile of x
+  const int64_t pairs = (p.num_blocks + 1) / 2;  // two blocks of W meet each row of x at once
   at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
-    llmbench_amx::gemm_quant_bf16(xd, xp.stride(0), p.M, p.N, w, 2 * begin,
-                                  std::min(2 * end, p.num_blocks), epilogue);
+    const int64_t b_begin = 2 * begin, b_end = std::min(2 * end, p.num_blocks);
+    if (on_tiles)
+      llmbench_amx::gemm_quant_bf16(xd, xp.stride(0), p.M, p.N, w, b_begin, b_end, epilogue);
+    else
+      llmbench_gemm::gemm_quant_vectors(xd, xp.stride(0), p.M, p.N, w, b_begin, b_end, epilogue);
   });
   return y;
 }
@@ -456,7 +461,9 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& codes,
   const QuantProblem p =
       checked_problem("quant_gemm", x, codes, scale_zero, scale, out_features, bias, residual);
   if (x.scalar_type() == at::kBFloat16 && llmbench_amx::available())
-    return quant_gemm_tiles(p, x, bias, residual);
+    return quant_gemm_panels(p, x, true, bias, residual);
+  if (x.scalar_type() == at::kBFloat16 && llmbench_gemm::vectors_available())
+    return quant_gemm_panels(p, x, false, bias, residual);
   const at::Tensor w_t = dequantized(p, x.options()).t();
   if (!bias && !residual) return at::mm(x, w_t);
   // The bias or the residual added to the float32 sums inside the matmul and rounded once, as
