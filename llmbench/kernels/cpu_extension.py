@@ -67,7 +67,7 @@ SOURCES = tuple(
 HEADERS = tuple(sorted(CSRC.glob("*.h")))
 # What the first build's notice quotes when this machine has no recorded build: builds on this
 # 2-core Intel Xeon (AVX-512 BF16/VNNI) took 20-23 s when quiet, 45-66 s with other jobs running;
-# with AMX and seven sources, 25-29 s quiet (2026-11-27); nine, 28-31 s (2026-11-28).
+# with AMX and seven sources, 25-29 s quiet (2026-11-27); nine, 28-31 s; ten, 32-33 s (2026-11-28).
 NO_RECORD_ESTIMATE = "about a minute on 2 cores"
 
 # Compiler flags per instruction set, best first; each needs all its /proc/cpuinfo flags.
