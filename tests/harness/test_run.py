@@ -98,7 +98,13 @@ def test_run_shipped_workload_writes_a_complete_folder(tmp_path, workload):
     assert sources["read_bytes_per_s"] == prov["hardware"]["sources"]["read"]
     assert sources["flops_per_s"] == prov["hardware"]["sources"]["float32"]
     assert sources["flops_per_s"] == "measured now" or sources["flops_per_s"].startswith("cache ")
-    assert 0 < summary["decode_mbu"] and 0 < summary["prefill_mfu"]
+    # Each phase's share of its roof; none only where the run went above a roof probed on a
+    # busy machine, and then the summary's warning names the phase.
+    for key, phase in (("decode_mbu", "decode bandwidth"), ("prefill_mfu", "prefill FLOP/s")):
+        if summary[key] is None:
+            assert any(w.startswith(phase) for w in summary["warnings"]), summary["warnings"]
+        else:
+            assert 0 < summary[key] <= 1
     assert results["roofline"]["phases"]["decode"]["num_steps"] > 0
     # Telemetry on the run's clock: samples between the first send and the last reply.
     rows = (out / "telemetry.csv").read_text().splitlines()
