@@ -5,8 +5,9 @@
 // x's pair (2p, 2p + 1) broadcast to every lane from memory, the panel's pair row loaded once
 // for kRows rows of x. Lanes are rows of W, so the 16 sums of a row of y are one vector: no
 // lane sums (gemv.cpp's lane-per-k loops need a tree of them per 16 results), and the bias, the
-// residual and one rounding go straight onto it. kRows = 12 rows of x against two panels hold
-// 24 accumulators, two panel rows and a broadcast in 27 of the 32 registers.
+// residual and one rounding go straight onto it. kRows = 14 rows of x against two panels hold
+// 28 accumulators, two panel rows and a broadcast in 31 of the 32 registers (12 rows ran 2-7%
+// slower: [3072, 576] warm, 32 to 1,024 rows, the AMX-less path forced on the Intel Xeon).
 //
 // Rounding is the tiles': bfloat16 products summed in float32 (in another order), then bias and
 // residual, rounded once.
@@ -19,7 +20,7 @@ namespace llmbench_gemm {
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 namespace {
 
-constexpr int kRows = 12;  // rows of x a pass over one or two panels
+constexpr int kRows = 14;  // rows of x a pass over one or two panels
 
 // Rows m .. m + R of y for blocks n0 and (kTwo) n0 + 16: x rows x_row apart, `pairs` pairs of k.
 template <int R, bool kTwo>
