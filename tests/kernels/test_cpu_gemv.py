@@ -23,8 +23,8 @@ def _random(shape, dtype, seed):
 # From 2 rows with K a multiple of 32 and N >= 32, a CPU with AMX multiplies on the tiles
 # (whole 16-row blocks; 40 rows: 2 blocks and 8 left to the vector loops), 20 and 64 rows in
 # chunks of 16 rows of x. Without AMX, from 16 rows with K a multiple of 32, bfloat16 goes to
-# the panels: 14 rows of x a pass, then 8, 4, 2, 1 (17, 20, 64, 150), the last block partial
-# (960 = 60 blocks; 40, 5), and above 128 rows every panel filled first (150).
+# the panels: 14 rows of x a pass, then 8, 4, 2, 1 (17, 20, 64, 150), 960 rows of W in whole
+# blocks, 40 and 5 ending in a partial one, and above 128 rows every panel filled first (150).
 @pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 8, 17, 20, 64, 150])
 @pytest.mark.parametrize(
     "out_features, in_features", [(960, 576), (7, 33), (13, 100), (5, 1536), (40, 64)]
