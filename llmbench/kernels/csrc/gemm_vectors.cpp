@@ -1,4 +1,4 @@
-// Products of many rows of bfloat16 x with int8 or int4 W on AVX-512 BF16 vectors, for CPUs
+// Products of many rows of bfloat16 x with bfloat16, int8 or int4 W on AVX-512 BF16 vectors, for
 // without AMX tiles (an AMD EPYC): gemm_panels.h's panels, each met by every row of x with
 // VDPBF16PS, one row of W per 32-bit lane:
 //     acc[m][lane n] += w[n][2p]·x[m][2p] + w[n][2p + 1]·x[m][2p + 1]

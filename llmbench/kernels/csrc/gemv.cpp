@@ -284,7 +284,7 @@ at::Tensor gemv_amx(const Problem& p, at::Tensor y) {
 #if defined(__AVX512BF16__)
 // From this many rows of x a bfloat16 product without the tiles runs on gemm_vectors.cpp's
 // panels: each block of 16 rows of W transposed once a call into VDPBF16PS's pair layout, one
-// row of W a lane, so that a pass over 12 rows of x needs no lane sums. Below, the loops above
+// row of W a lane, so that a pass over 14 rows of x needs no lane sums. Below, the loops above
 // (4 rows of x a pass, a tree of lane sums each) read W at the memory's speed anyway.
 constexpr int64_t kPanelMinRows = 16;
 
