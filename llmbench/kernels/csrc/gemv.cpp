@@ -254,6 +254,17 @@ void rows_of_w(const Problem& p, int64_t n0) {
   }
 }
 
+// The bfloat16 products of several rows on 16-row blocks of W (the tiles', the panels'): what
+// each result becomes (bias, residual, one rounding into y), and how many pairs of blocks a
+// task takes (at least ~64 KiB of W).
+inline llmbench_gemm::Epilogue bf16_epilogue(const Problem& p) {
+  return {static_cast<const c10::BFloat16*>(p.bias), static_cast<const c10::BFloat16*>(p.residual),
+          p.res_row, static_cast<c10::BFloat16*>(p.y)};
+}
+inline int64_t pairs_per_task(int64_t K) {
+  return std::max<int64_t>(1, (64 * 1024) / (32 * K * 2));
+}
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 // From this many rows of x a bfloat16 product runs on the AMX tiles (gemv_amx.cpp): below, the
 // VDPBF16PS loops above already stream W at the memory's speed; above, they are bound by their
@@ -267,12 +278,9 @@ at::Tensor gemv_amx(const Problem& p, at::Tensor y) {
   const int64_t K = p.K, whole = p.N / 16 * 16;
   const std::vector<uint16_t> packed =
       llmbench_amx::pack_rows(static_cast<const uint16_t*>(p.x), p.x_row, p.M, K);
-  const llmbench_amx::Epilogue epilogue{static_cast<const c10::BFloat16*>(p.bias),
-                                        static_cast<const c10::BFloat16*>(p.residual), p.res_row,
-                                        static_cast<c10::BFloat16*>(p.y)};
+  const llmbench_gemm::Epilogue epilogue = bf16_epilogue(p);
   const int64_t pairs = (whole / 16 + 1) / 2;  // two 16-row blocks share each tile of x
-  const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / (32 * K * 2));
-  at::parallel_for(0, pairs, per_task, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, pairs, pairs_per_task(K), [&](int64_t begin, int64_t end) {
     llmbench_amx::gemm_bf16(packed.data(), static_cast<const uint16_t*>(p.w), p.M, p.N, K,
                             begin * 32, std::min(end * 32, whole), epilogue);
   });
@@ -291,12 +299,9 @@ constexpr int64_t kPanelMinRows = 16;
 // y = x @ W^T (+ bias) (+ residual) for bfloat16 on the panels, each thread's share of W's
 // 16-row blocks two at a time.
 at::Tensor gemv_panels(const Problem& p, at::Tensor y) {
-  const llmbench_gemm::Epilogue epilogue{static_cast<const c10::BFloat16*>(p.bias),
-                                         static_cast<const c10::BFloat16*>(p.residual), p.res_row,
-                                         static_cast<c10::BFloat16*>(p.y)};
+  const llmbench_gemm::Epilogue epilogue = bf16_epilogue(p);
   const int64_t blocks = (p.N + 15) / 16, pairs = (blocks + 1) / 2;
-  const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / (32 * p.K * 2));
-  at::parallel_for(0, pairs, per_task, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, pairs, pairs_per_task(p.K), [&](int64_t begin, int64_t end) {
     llmbench_gemm::gemm_bf16_vectors(static_cast<const uint16_t*>(p.x), p.x_row, p.M, p.N, p.K,
                                      static_cast<const uint16_t*>(p.w), 2 * begin,
                                      std::min(2 * end, blocks), epilogue);
