@@ -103,9 +103,14 @@ def quality(
 
 
 def _quantize_value(text: str) -> str | None:
+    """One --quantize value, checked before any model is loaded (a bad one met only at its row
+    would cost the rows before it)."""
+    from llmbench.engine.quant.scheme import parse_quantize
+
     value = text.strip()
     if not value:
         raise UserError("--quantize: an empty value; give none, int8, int4:64, ...")
+    parse_quantize(value)
     return None if value == "none" else value
 
 

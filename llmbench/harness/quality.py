@@ -247,7 +247,11 @@ def run_quality(
         blocks_for(settings.context, settings.block_size),
         sum(blocks_for(len(p) + settings.generate, settings.block_size) for p in prompt_ids),
     )
-    greedy = SamplingParams(max_tokens=settings.generate, temperature=0.0, ignore_eos=True)
+    greedy = (  # --generate 0: no greedy tokens, no agreement column
+        SamplingParams(max_tokens=settings.generate, temperature=0.0, ignore_eos=True)
+        if settings.generate
+        else None
+    )
     reference: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     ref_tokens: list[list[int]] = []
     rows = []
@@ -274,7 +278,7 @@ def run_quality(
                         num_top1_agree=int((log_probs.argmax(-1) == ref_top1).sum()),
                     )
                 )
-        tokens = engine.generate(prompt_ids, greedy) if settings.generate else []
+        tokens = engine.generate(prompt_ids, greedy) if greedy else []
         if number == 0:
             ref_tokens = tokens
         rows.append(_row(config, engine, by_text, ref_tokens, tokens, time.perf_counter() - t0))

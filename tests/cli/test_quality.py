@@ -61,6 +61,9 @@ def test_quality_prints_a_table_and_writes_json(tmp_path):
         (("--context", "1"), "--context and --tokens must be >= 2"),
         (("--generate", "-1"), "--generate must be >= 0"),
         (("--quantize", "none,"), "--quantize: an empty value"),
+        # checked before the first row runs: one line, no progress line of the rows before it
+        (("--quantize", "none,int9"), "quantize 'int9': unknown scheme"),
+        (("--quantize", "int8,int4:48"), "group 48; use one of 32, 64, 128"),
         (("--text", "/nonexistent/eval.txt"), "--text /nonexistent/eval.txt: cannot read"),
         (("--json", "/nonexistent/dir/q.json"), "--json /nonexistent/dir/q.json: not a file"),
     ],

@@ -121,6 +121,16 @@ def test_reference_perplexity_is_exp_of_the_mean_nll_of_the_score_logits(tiny_fo
     assert result["texts"][0]["num_tokens"] == 80 and result["texts"][0]["num_tokens_total"] == 90
 
 
+def test_no_greedy_tokens_leave_the_agreement_blank(tiny_folder):
+    """--generate 0: scores only; no greedy agreement, "-" in its column."""
+    configs = q.configurations([None], [KVCacheDtype("int8", "int8")])
+    result = q.run_quality(settings(tiny_folder, generate=0), configs, [TEXT])
+    assert [row["greedy_agreement"] for row in result["rows"]] == [None, None]
+    assert result["rows"][1]["mean_kl"] > 0
+    greedy_column = [line.split()[-2] for line in q.format_table(result).splitlines()[2:]]
+    assert greedy_column == ["-", "-"]
+
+
 def test_a_configuration_equal_to_the_reference_has_kl_0_and_full_agreement(tiny_folder):
     """float32 K/V on a float32 model is the reference itself, named differently."""
     configs = q.configurations(
