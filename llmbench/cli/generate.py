@@ -13,6 +13,7 @@ from llmbench.cli.options import (
     MOE_OFFLOAD_HELP,
     QUANTIZE_HELP,
     SPECULATIVE_HELP,
+    THREADS,
     kv_cache_line,
     speculative_line,
     weights_line,
@@ -39,7 +40,7 @@ from llmbench.cli.options import (
 @click.option("--chat", is_flag=True, help="wrap the prompt in the model's chat template")
 @click.option("--dtype", default="float32", show_default=True, type=DTYPE)
 @click.option("--device", default="auto", show_default=True, type=DEVICE)
-@click.option("--threads", default=None, type=int, help="CPU threads (default: torch's)")
+@click.option("--threads", default=None, type=THREADS, help="CPU threads (default: torch's)")
 @click.option(
     "--kv-cache-memory",
     default=None,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from llmbench.cli.options import DEVICE, DTYPE
+from llmbench.cli.options import DEVICE, DTYPE, THREADS
 from llmbench.errors import UserError
 
 
@@ -41,7 +41,7 @@ def moe() -> None:
     help="the engines' and the checkpoint's dtype (default: the workload's)",
 )
 @click.option("--device", default=None, type=DEVICE, help="default: the workload's")
-@click.option("--threads", default=None, type=int, help="CPU threads (default: the workload's)")
+@click.option("--threads", default=None, type=THREADS, help="CPU threads (default: the workload's)")
 @click.option("--tokens", default=512, show_default=True, type=int, help="tokens scored per text")
 @click.option("--context", default=256, show_default=True, type=int, help="tokens per window")
 @click.option(

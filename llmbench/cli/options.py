@@ -8,6 +8,8 @@ import click
 
 DTYPE = click.Choice(["float32", "bfloat16", "float16"])
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
+THREADS = click.IntRange(min=1)  # CPU threads: at least one (none given: torch's default)
+PORT = click.IntRange(0, 65535)  # a TCP port; 0: one the OS picks
 
 QUANTIZE_HELP = (
     "weight-only quantization of every linear layer at load: none, int8 (per output channel) "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from llmbench.cli.options import THREADS
 from llmbench.cli.roofline import _sizes
 from llmbench.errors import UserError
 
@@ -28,7 +29,7 @@ def _writable(path: Path | None, option: str) -> None:
 @click.option("--context", default="1k", show_default=True, help="context length(s), e.g. 512,4k")
 @click.option("--phase", default="decode", show_default=True, help="decode or prefill")
 @click.option("--steps", default=8, show_default=True, type=int, help="profiled steps per point")
-@click.option("--threads", default=None, type=int, help="CPU threads (default: torch's)")
+@click.option("--threads", default=None, type=THREADS, help="CPU threads (default: torch's)")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 def profile(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from llmbench.cli.options import DEVICE, DTYPE
+from llmbench.cli.options import DEVICE, DTYPE, THREADS
 from llmbench.errors import UserError
 
 
@@ -16,7 +16,7 @@ from llmbench.errors import UserError
 @click.option("--model", "-m", default="smollm2-135m", show_default=True)
 @click.option("--dtype", default="float32", show_default=True, type=DTYPE)
 @click.option("--device", default="auto", show_default=True, type=DEVICE)
-@click.option("--threads", default=None, type=int, help="CPU threads (default: torch's)")
+@click.option("--threads", default=None, type=THREADS, help="CPU threads (default: torch's)")
 @click.option(
     "--quantize",
     "quantize_values",

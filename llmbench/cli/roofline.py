@@ -7,14 +7,14 @@ from pathlib import Path
 
 import click
 
-from llmbench.cli.options import gpu_hour_price_option
+from llmbench.cli.options import THREADS, gpu_hour_price_option
 from llmbench.errors import UserError
 from llmbench.roofline.cost_model import BYTES_PER_ELEM
 
 
 @click.command("hardware")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
-@click.option("--threads", default=None, type=int, help="CPU threads (default: torch's)")
+@click.option("--threads", default=None, type=THREADS, help="CPU threads (default: torch's)")
 @click.option("--refresh", is_flag=True, help="measure again instead of using the cache")
 @click.option("--json", "as_json", is_flag=True)
 def hardware_command(device: str, threads: int | None, refresh: bool, as_json: bool) -> None:

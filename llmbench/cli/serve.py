@@ -10,8 +10,10 @@ from llmbench.cli.options import (
     DEVICE,
     DTYPE,
     KV_CACHE_DTYPE_HELP,
+    PORT,
     QUANTIZE_HELP,
     SPECULATIVE_HELP,
+    THREADS,
     kv_cache_line,
     speculative_line,
     weights_line,
@@ -26,7 +28,7 @@ from llmbench.serve.app import (
 @click.command()
 @click.option("--model", "-m", default="smollm2-135m", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=PORT)
 @click.option(
     "--dtype",
     default="bfloat16",
@@ -36,7 +38,7 @@ from llmbench.serve.app import (
     "read it as 'dtype' in /v1/models.",
 )
 @click.option("--device", default="auto", show_default=True, type=DEVICE)
-@click.option("--threads", default=None, type=int)
+@click.option("--threads", default=None, type=THREADS)
 @click.option("--kv-cache-memory", default=None, type=float)
 @click.option("--max-num-seqs", default=64, show_default=True, type=int)
 @click.option("--no-prefix-caching", is_flag=True)

@@ -102,6 +102,13 @@ def test_abort_mid_generation_frees_every_block(tiny_folder):
     assert engine.blocks.num_free_blocks == total
 
 
+@pytest.mark.parametrize("threads", [0, -1])
+def test_an_engine_of_no_threads_is_refused_before_loading(threads):
+    """torch.set_num_threads would raise its own RuntimeError (a traceback) after the load."""
+    with pytest.raises(UserError, match=f"engine: threads must be >= 1, got {threads}"):
+        EngineConfig(model="no-such-model", num_threads=threads)
+
+
 def test_request_that_can_never_fit_is_refused(tiny_folder):
     engine = LLMEngine(
         EngineConfig(
