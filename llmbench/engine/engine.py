@@ -116,6 +116,11 @@ class EngineConfig:
             raise UserError(f"engine: block_size must be > 0, got {self.block_size}")
         if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
             raise UserError("engine: max_num_batched_tokens and max_num_seqs must be > 0")
+        if self.kv_cache_memory is not None and not self.kv_cache_memory > 0:
+            raise UserError(
+                "engine: kv_cache_memory must be > 0 (bytes, or up to 1: a fraction of free GPU "
+                f"memory), got {self.kv_cache_memory}"
+            )
         if self.num_threads is not None and self.num_threads < 1:
             raise UserError(f"engine: threads must be >= 1, got {self.num_threads}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -277,6 +277,8 @@ def _check(spec: RunSpec) -> None:
     }.items():
         if value <= 0:
             raise SpecError(path, f"must be > 0, got {value}")
+    if eng.kv_cache_memory is not None and not eng.kv_cache_memory > 0:
+        raise SpecError("engine.kv_cache_memory", f"must be > 0, got {eng.kv_cache_memory}")
     if eng.threads is not None and eng.threads < 1:
         raise SpecError("engine.threads", f"must be >= 1, got {eng.threads}")
     _check_speculative(spec)

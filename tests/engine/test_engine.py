@@ -102,6 +102,13 @@ def test_abort_mid_generation_frees_every_block(tiny_folder):
     assert engine.blocks.num_free_blocks == total
 
 
+@pytest.mark.parametrize("memory", [0, -5, float("nan")])
+def test_a_kv_cache_of_no_memory_is_refused_before_loading(memory):
+    """Not "a fractional kv_cache_memory needs a GPU", as 0 and -5 were told on a CPU."""
+    with pytest.raises(UserError, match=f"engine: kv_cache_memory must be > 0 .*, got {memory}"):
+        EngineConfig(model="no-such-model", kv_cache_memory=memory)
+
+
 @pytest.mark.parametrize("threads", [0, -1])
 def test_an_engine_of_no_threads_is_refused_before_loading(threads):
     """torch.set_num_threads would raise its own RuntimeError (a traceback) after the load."""

@@ -176,6 +176,10 @@ def test_a_kind_switch_keeps_what_a_later_set_gives_and_a_mixed_yaml_is_still_an
             ["load.rate_per_s=2", "load.rate_per_s=0"],
             "--set load.rate_per_s=0: load.rate_per_s: must be > 0, got 0",
         ),
+        (
+            ["engine.kv_cache_memory=0"],
+            "--set engine.kv_cache_memory=0: engine.kv_cache_memory: must be > 0, got 0",
+        ),
         # Threads: none given is torch's default; 0 or fewer is no thread at all.
         (
             ["engine.threads=0"],
