@@ -17,17 +17,18 @@ def merge(shard_dirs: tuple[Path, ...], out: Path) -> None:
     results.json and the reports. Sweep folders are merged point by point."""
     from llmbench.harness.merge import merge as merge_shards
     from llmbench.harness.results import RESULTS_FILE
-    from llmbench.harness.run_folder import prepare_folder
+    from llmbench.harness.run_folder import prepare_folder, removed_if_left_empty
     from llmbench.harness.summary_lines import format_summary
     from llmbench.reports.render import write_reports
 
-    prepare_folder(out)
-    points = {p.name: float(p.name[6:]) for d in shard_dirs for p in d.glob("point-*")}
-    if points and not any((d / RESULTS_FILE).is_file() for d in shard_dirs):
-        for name in sorted(points, key=points.get):
-            result = merge_shards([d / name for d in shard_dirs], out / name)
-            click.echo(format_summary(result), err=True)
-    else:
-        click.echo(format_summary(merge_shards(list(shard_dirs), out)))
-    write_reports(out)
+    with removed_if_left_empty(out):
+        prepare_folder(out)
+        points = {p.name: float(p.name[6:]) for d in shard_dirs for p in d.glob("point-*")}
+        if points and not any((d / RESULTS_FILE).is_file() for d in shard_dirs):
+            for name in sorted(points, key=points.get):
+                result = merge_shards([d / name for d in shard_dirs], out / name)
+                click.echo(format_summary(result), err=True)
+        else:
+            click.echo(format_summary(merge_shards(list(shard_dirs), out)))
+        write_reports(out)
     click.echo(out)

@@ -175,7 +175,7 @@ def _run_variants(spec, variants, out: Path | None, strict: bool, force: bool) -
     """Run every variant, then print the comparison and, as the last line of stdout, the
     folder (also when a variant failed: `RunFailed` follows). The root folder is claimed as a
     plain run's is (refused when it holds a run, unless `force`)."""
-    from llmbench.harness.run_folder import claim_folder, default_folder
+    from llmbench.harness.run_folder import claim_folder, default_folder, removed_if_left_empty
     from llmbench.harness.run_variants import execute_variants
     from llmbench.reports import variant_tables
     from llmbench.reports.render import write_reports
@@ -187,8 +187,9 @@ def _run_variants(spec, variants, out: Path | None, strict: bool, force: bool) -
         click.echo(root)
 
     root = out or default_folder(spec.output_dir, spec.name)
-    claim_folder(root, force=force)
-    execute_variants(spec, variants, root, write_reports, top_report, is_strict=strict)
+    with removed_if_left_empty(root):
+        claim_folder(root, force=force)
+        execute_variants(spec, variants, root, write_reports, top_report, is_strict=strict)
 
 
 def _sweep_report(root: Path, spec) -> None:

@@ -20,7 +20,12 @@ from pathlib import Path
 from llmbench.errors import BackendFailure
 from llmbench.harness import arrivals, failures, run_point, run_workers, shards
 from llmbench.harness.results import RESULTS_FILE
-from llmbench.harness.run_folder import claim_folder, default_folder, prepare_folder
+from llmbench.harness.run_folder import (
+    claim_folder,
+    default_folder,
+    prepare_folder,
+    removed_if_left_empty,
+)
 from llmbench.harness.run_point import say
 from llmbench.harness.run_signals import RunInterrupted, StopSignals
 from llmbench.harness.spec import RunSpec
@@ -51,43 +56,44 @@ def execute(
     only that shard of the schedule runs (`--shard i/N`; `llmbench merge` joins the shards).
     """
     root = out_dir or default_folder(spec.output_dir, spec.name)
-    claim_folder(root, force=force)
-    quality = None
-    if spec.quality is not None:  # once per run, before the workload: every point shows it
-        from llmbench.harness import quality as run_quality
+    with removed_if_left_empty(root):
+        claim_folder(root, force=force)
+        quality = None
+        if spec.quality is not None:  # once per run, before the workload: every point shows it
+            from llmbench.harness import quality as run_quality
 
-        say(f"quality: scoring {spec.model} as the run configures it, before the workload")
-        quality = run_quality.of_run(spec, say)
-    with StopSignals() as stop:
-        if not spec.load.sweep:
-            folder, verdict = _execute_point(
-                spec, root, None, write_reports, stop, is_strict, shard, quality
-            )
-            if verdict is not None:
-                raise failures.RunFailed(verdict)
-            return folder
-        verdicts = []
-        try:
-            for value in arrivals.sweep_points(list(spec.load.sweep)):
-                folder = root / f"point-{value:g}"
-                prepare_folder(folder)
-                _, verdict = _execute_point(
-                    spec, folder, value, write_reports, stop, is_strict, shard, quality
+            say(f"quality: scoring {spec.model} as the run configures it, before the workload")
+            quality = run_quality.of_run(spec, say)
+        with StopSignals() as stop:
+            if not spec.load.sweep:
+                folder, verdict = _execute_point(
+                    spec, root, None, write_reports, stop, is_strict, shard, quality
                 )
                 if verdict is not None:
-                    verdicts.append(f"point-{value:g}: {verdict}")
-        except (RunInterrupted, BackendFailure):
-            if any(root.glob(f"point-*/{RESULTS_FILE}")):
-                with stop.saving(root, "the sweep's reports"):
-                    (write_sweep_report or write_reports)(root)
-            raise
-        with stop.saving(root, "the sweep's reports"):
-            (write_sweep_report or write_reports)(root)
-    if stop.signum is not None:
-        raise RunInterrupted(stop.signum)
-    if verdicts:
-        raise failures.RunFailed("; ".join(verdicts))
-    return root
+                    raise failures.RunFailed(verdict)
+                return folder
+            verdicts = []
+            try:
+                for value in arrivals.sweep_points(list(spec.load.sweep)):
+                    folder = root / f"point-{value:g}"
+                    prepare_folder(folder)
+                    _, verdict = _execute_point(
+                        spec, folder, value, write_reports, stop, is_strict, shard, quality
+                    )
+                    if verdict is not None:
+                        verdicts.append(f"point-{value:g}: {verdict}")
+            except (RunInterrupted, BackendFailure):
+                if any(root.glob(f"point-*/{RESULTS_FILE}")):
+                    with stop.saving(root, "the sweep's reports"):
+                        (write_sweep_report or write_reports)(root)
+                raise
+            with stop.saving(root, "the sweep's reports"):
+                (write_sweep_report or write_reports)(root)
+        if stop.signum is not None:
+            raise RunInterrupted(stop.signum)
+        if verdicts:
+            raise failures.RunFailed("; ".join(verdicts))
+        return root
 
 
 def _execute_point(

@@ -10,9 +10,11 @@ space left there.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from llmbench.errors import UserError
@@ -143,6 +145,22 @@ def claim_folder(folder: Path, *, force: bool = False) -> None:
                 "remove it yourself or pass another folder"
             ) from None
     prepare_folder(folder)
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(folder: Path) -> Iterator[None]:
+    """Work that fills `folder`: where the folder was not there before and the work fails
+    having written nothing into it (a model refused at load, an engine that cannot be built),
+    the empty folder is removed again, so that a folder of runs holds runs only (`compare
+    --history` refuses anything else). A folder holding anything, or there before, stays."""
+    existed = folder.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):  # not empty: what the run wrote stays
+                folder.rmdir()
+        raise
 
 
 def default_folder(output_dir: str, name: str) -> Path:

@@ -392,6 +392,40 @@ def test_prepare_folder_makes_it_or_names_it_in_one_line(tmp_path):
         assert str(error.value).endswith("); pass a folder you can write to")
 
 
+def test_a_run_refused_before_writing_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    """An engine that cannot be opened fails the run before it writes anything: the folder the
+    run made goes again (a folder of runs holds runs only); one the user made stays, empty."""
+    from llmbench.errors import UserError
+    from llmbench.harness import run_point
+    from llmbench.harness.run import execute
+
+    def refused(spec):
+        raise UserError("engine: refused")
+
+    monkeypatch.setattr(run_point, "_open_backend", refused)
+    made, given = tmp_path / "runs" / "made", tmp_path / "given"
+    given.mkdir()
+    for out in (made, given):
+        with pytest.raises(UserError, match="engine: refused"):
+            execute(agentic_spec(), out, print)
+    assert not made.exists() and (tmp_path / "runs").is_dir()
+    assert given.is_dir() and not any(given.iterdir())
+
+
+def test_a_folder_left_holding_anything_stays(tmp_path):
+    from llmbench.harness.run_folder import removed_if_left_empty
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt), removed_if_left_empty(out):
+        out.mkdir()
+        (out / "requests.jsonl").write_text("{}\n")
+        raise KeyboardInterrupt
+    assert (out / "requests.jsonl").read_text() == "{}\n"
+    with removed_if_left_empty(tmp_path / "ok"):  # the work succeeded: nothing is removed
+        (tmp_path / "ok").mkdir()
+    assert (tmp_path / "ok").is_dir()
+
+
 NO_HANG_S = 120  # a run that does not end by then hangs
 
 

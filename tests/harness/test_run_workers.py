@@ -154,6 +154,7 @@ def test_shards_run_apart_then_merged_send_what_the_workers_sent(server, workers
     assert refused.stderr == (
         f"error: {workers_run}: not a shard (it was not run with --shard i/N or load.workers)\n"
     )
+    assert not (tmp_path / "x").exists()  # the refused merge leaves no empty folder behind
 
 
 def test_a_worker_that_cannot_reach_the_server_ends_the_run_in_one_line(tmp_path):
