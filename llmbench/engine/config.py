@@ -155,6 +155,16 @@ def _int(raw: dict, key: str, source: str) -> int:
 
 _DENSE_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 _MOE_ARCHITECTURES = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"}
+# A config.json without `architectures` (written by hand, or by an old exporter) names its
+# family by `model_type` alone, as transformers' AutoModelForCausalLM reads it.
+_ARCHITECTURE_OF_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 
 
 def config_from_hf(raw: dict, source: str) -> ModelConfig:
@@ -162,6 +172,8 @@ def config_from_hf(raw: dict, source: str) -> ModelConfig:
     the Mixtral, Qwen2-MoE, Qwen3-MoE mixtures of experts)."""
     supported = _DENSE_ARCHITECTURES | _MOE_ARCHITECTURES
     architectures = raw.get("architectures") or []
+    if not architectures and raw.get("model_type") in _ARCHITECTURE_OF_MODEL_TYPE:
+        architectures = [_ARCHITECTURE_OF_MODEL_TYPE[raw["model_type"]]]
     arch = next((a for a in architectures if a in supported), None)
     if arch is None:
         raise UserError(

@@ -36,6 +36,24 @@ def test_config_json_reads_back_as_the_same_config(preset, arch):
     assert config_from_hf(raw, "config.json") == PRESETS[preset]
 
 
+@pytest.mark.parametrize(
+    ("preset", "model_type"),
+    [
+        ("tiny", "llama"),
+        ("qwen2.5-7b", "qwen2"),
+        ("tiny-moe", "qwen2_moe"),
+        ("mixtral-8x7b", "mixtral"),
+    ],
+)
+def test_a_config_json_without_architectures_is_read_by_its_model_type(preset, model_type):
+    """As transformers reads one: `model_type` names the family where `architectures` is not
+    given; a model_type of no family llmbench runs is refused by name."""
+    raw = {k: v for k, v in hf_config(PRESETS[preset]).items() if k != "architectures"}
+    assert config_from_hf({**raw, "model_type": model_type}, "config.json") == PRESETS[preset]
+    with pytest.raises(UserError, match="config.json: unsupported architecture 'gpt2'"):
+        config_from_hf({**raw, "model_type": "gpt2"}, "config.json")
+
+
 def test_a_source_config_keeps_its_keys_with_the_new_expert_count():
     source = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "other": 1}
     config = dataclasses.replace(PRESETS["mixtral-8x7b"], num_experts=4)
