@@ -50,7 +50,8 @@ def execute(
     raises `RunInterrupted`; an engine crash likewise, then re-raises its `BackendFailure`; a
     write that fails (a full disk) stops it, keeps what it can and raises `WriteFailed`. A
     folder that cannot be written, or that holds a run already (unless `force`: that run's files
-    are removed), is a `UserError` before any work. A run (or sweep point)
+    are removed), is a `UserError` before any work; a folder the run made is removed again if
+    it fails having written nothing (`removed_if_left_empty`). A run (or sweep point)
     whose measured requests all failed, or with `is_strict` more of them than
     `spec.max_failed_fraction`, raises `RunFailed` once everything is written. With `shard`,
     only that shard of the schedule runs (`--shard i/N`; `llmbench merge` joins the shards).
@@ -58,42 +59,54 @@ def execute(
     root = out_dir or default_folder(spec.output_dir, spec.name)
     with removed_if_left_empty(root):
         claim_folder(root, force=force)
-        quality = None
-        if spec.quality is not None:  # once per run, before the workload: every point shows it
-            from llmbench.harness import quality as run_quality
+        return _execute_claimed(spec, root, write_reports, is_strict, shard, write_sweep_report)
 
-            say(f"quality: scoring {spec.model} as the run configures it, before the workload")
-            quality = run_quality.of_run(spec, say)
-        with StopSignals() as stop:
-            if not spec.load.sweep:
-                folder, verdict = _execute_point(
-                    spec, root, None, write_reports, stop, is_strict, shard, quality
+
+def _execute_claimed(
+    spec: RunSpec,
+    root: Path,
+    write_reports: Callable[[Path], object],
+    is_strict: bool,
+    shard: shards.Shard | None,
+    write_sweep_report: Callable[[Path], object] | None,
+) -> Path:
+    """`execute` in the folder it claimed: the quality score, then the point or the sweep."""
+    quality = None
+    if spec.quality is not None:  # once per run, before the workload: every point shows it
+        from llmbench.harness import quality as run_quality
+
+        say(f"quality: scoring {spec.model} as the run configures it, before the workload")
+        quality = run_quality.of_run(spec, say)
+    with StopSignals() as stop:
+        if not spec.load.sweep:
+            folder, verdict = _execute_point(
+                spec, root, None, write_reports, stop, is_strict, shard, quality
+            )
+            if verdict is not None:
+                raise failures.RunFailed(verdict)
+            return folder
+        verdicts = []
+        try:
+            for value in arrivals.sweep_points(list(spec.load.sweep)):
+                folder = root / f"point-{value:g}"
+                prepare_folder(folder)
+                _, verdict = _execute_point(
+                    spec, folder, value, write_reports, stop, is_strict, shard, quality
                 )
                 if verdict is not None:
-                    raise failures.RunFailed(verdict)
-                return folder
-            verdicts = []
-            try:
-                for value in arrivals.sweep_points(list(spec.load.sweep)):
-                    folder = root / f"point-{value:g}"
-                    prepare_folder(folder)
-                    _, verdict = _execute_point(
-                        spec, folder, value, write_reports, stop, is_strict, shard, quality
-                    )
-                    if verdict is not None:
-                        verdicts.append(f"point-{value:g}: {verdict}")
-            except (RunInterrupted, BackendFailure):
-                if any(root.glob(f"point-*/{RESULTS_FILE}")):
-                    with stop.saving(root, "the sweep's reports"):
-                        (write_sweep_report or write_reports)(root)
-                raise
-            with stop.saving(root, "the sweep's reports"):
-                (write_sweep_report or write_reports)(root)
-        if stop.signum is not None:
-            raise RunInterrupted(stop.signum)
-        if verdicts:
-            raise failures.RunFailed("; ".join(verdicts))
-        return root
+                    verdicts.append(f"point-{value:g}: {verdict}")
+        except (RunInterrupted, BackendFailure):
+            if any(root.glob(f"point-*/{RESULTS_FILE}")):
+                with stop.saving(root, "the sweep's reports"):
+                    (write_sweep_report or write_reports)(root)
+            raise
+        with stop.saving(root, "the sweep's reports"):
+            (write_sweep_report or write_reports)(root)
+    if stop.signum is not None:
+        raise RunInterrupted(stop.signum)
+    if verdicts:
+        raise failures.RunFailed("; ".join(verdicts))
+    return root
 
 
 def _execute_point(

@@ -441,7 +441,7 @@ def test_variants_each_get_a_whole_run_folder_and_a_failure_keeps_the_others(var
     assert 1.0 < int8["roofline"]["weight_bytes_per_param"] < 1.1
     assert int8["summary"]["speculative"] is None
     assert ngram["summary"]["speculative"]["num_proposed_tokens"] > 0
-    assert list((out / "variants" / "broken").iterdir()) == []
+    assert not (out / "variants" / "broken").exists()  # it wrote nothing: no empty folder
 
 
 def test_variants_top_report_has_a_row_per_variant(variants_run):
