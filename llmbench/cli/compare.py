@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llmbench.cli.options import verdict_options
+from llmbench.cli.options import check_file_option, verdict_options
 from llmbench.errors import UserError
 
 if TYPE_CHECKING:  # the harness is imported when the command runs
@@ -78,6 +78,8 @@ def compare(
     gated metric, one value per run and the runs where its level shifted (E-Divisive means, a
     seeded permutation test), as a table, JSON (--format json) or an HTML page of the series
     (--html). Exit 1 when a metric's last shift is a regression past its gate (still there)."""
+    check_file_option(junit_path, "--junit")
+    check_file_option(html_path, "--html")
     if history_path is not None:
         if baseline is not None or new is not None:
             raise UserError("--history DIR takes no BASE or NEW; give either BASE NEW or --history")

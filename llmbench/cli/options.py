@@ -6,8 +6,23 @@ from pathlib import Path
 
 import click
 
+from llmbench.errors import UserError
+
 DTYPE = click.Choice(["float32", "bfloat16", "float16"])
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
+
+
+def check_file_option(path: Path | None, option: str) -> None:
+    """A file a command writes at its end (--json, --html, --junit): one whose folder does not
+    exist, or that is a folder, is a one-line error before any work, not after it."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a folder; give a file name")
+    if not path.parent.resolve().is_dir():
+        raise UserError(f"{option} {path}: the folder {path.parent} does not exist")
+
+
 THREADS = click.IntRange(min=1)  # CPU threads: at least one (none given: torch's default)
 PORT = click.IntRange(0, 65535)  # a TCP port; 0: one the OS picks
 

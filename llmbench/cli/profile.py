@@ -9,15 +9,9 @@ from pathlib import Path
 
 import click
 
-from llmbench.cli.options import THREADS
+from llmbench.cli.options import THREADS, check_file_option
 from llmbench.cli.roofline import _sizes
 from llmbench.errors import UserError
-
-
-def _writable(path: Path | None, option: str) -> None:
-    """A file option whose folder must exist: checked before any work (one line, exit 2)."""
-    if path is not None and not path.parent.resolve().is_dir():
-        raise UserError(f"profile: {option} {path}: the folder {path.parent} does not exist")
 
 
 @click.command("profile")
@@ -67,8 +61,8 @@ def profile(
         num_steps=steps,
         threads=threads,
     )
-    _writable(html_path, "--html")
-    _writable(json_path, "--json")
+    check_file_option(html_path, "--html")
+    check_file_option(json_path, "--json")
     # torch.profiler's tracer (kineto) prints a "USDT: profiler_start/stop" line per profiled
     # point unless its log level is above 5; read once, when torch loads.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from llmbench.cli.options import DEVICE, DTYPE, THREADS
+from llmbench.cli.options import DEVICE, DTYPE, THREADS, check_file_option
 from llmbench.errors import UserError
 
 
@@ -82,8 +82,7 @@ def quality(
     for value in kv_values or ("auto",):
         parts = [value] if "=" in value else value.split(",")
         kv_cache_dtypes += [parse_kv_cache_dtype(part) for part in parts]
-    if json_path is not None:
-        _check_writable(json_path)
+    check_file_option(json_path, "--json")
     texts = [q.file_text(text_path)] if text_path is not None else q.builtin_texts()
     settings = q.QualitySettings(
         model=model,
@@ -112,9 +111,3 @@ def _quantize_value(text: str) -> str | None:
         raise UserError("--quantize: an empty value; give none, int8, int4:64, ...")
     parse_quantize(value)
     return None if value == "none" else value
-
-
-def _check_writable(path: Path) -> None:
-    """A --json file that cannot be written is refused before any model is loaded."""
-    if path.is_dir() or not path.parent.is_dir():
-        raise UserError(f"--json {path}: not a file in an existing folder")

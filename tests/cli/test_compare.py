@@ -190,8 +190,14 @@ def test_missing_inputs_and_bad_gates_exit_2(runs, tmp_path):
         f"error: {gates}:2: decode_mbu.max_increase: decode_mbu is better when higher; gate it "
         "with max_decrease"
     )
-    line = one_error_line(compare(runs["base"], runs["same"], "--junit", tmp_path / "no" / "j"))
-    assert line.startswith(f"error: --junit {tmp_path / 'no' / 'j'}: cannot write it")
+    # An output file that cannot be written is refused before the comparison is printed.
+    result = compare(runs["base"], runs["same"], "--junit", tmp_path / "no" / "j")
+    assert one_error_line(result) == (
+        f"error: --junit {tmp_path / 'no' / 'j'}: the folder {tmp_path / 'no'} does not exist"
+    )
+    assert result.stdout == ""
+    line = one_error_line(compare(runs["base"], runs["same"], "--html", tmp_path))
+    assert line == f"error: --html {tmp_path}: is a folder; give a file name"
 
 
 def test_markdown_and_junit_outputs_parse(runs, tmp_path, tpot_gates):

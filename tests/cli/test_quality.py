@@ -65,7 +65,10 @@ def test_quality_prints_a_table_and_writes_json(tmp_path):
         (("--quantize", "none,int9"), "quantize 'int9': unknown scheme"),
         (("--quantize", "int8,int4:48"), "group 48; use one of 32, 64, 128"),
         (("--text", "/nonexistent/eval.txt"), "--text /nonexistent/eval.txt: cannot read"),
-        (("--json", "/nonexistent/dir/q.json"), "--json /nonexistent/dir/q.json: not a file"),
+        (
+            ("--json", "/nonexistent/dir/q.json"),
+            "--json /nonexistent/dir/q.json: the folder /nonexistent/dir does not exist",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args, fragment):
