@@ -8,7 +8,8 @@ cache, so every pass streams them from DRAM, as a decode step does). Each cell i
 of `--repeats` passes in ms, after one warm-up pass. The paths:
 
 - `bf16`: the unquantised layer (`linear.Linear`, bfloat16), torch's native GEMV under 3 rows
-  (oneDNN off, as `LlamaModel._gemv_backend` does without the extension), oneDNN above;
+  (oneDNN off, `model.torch_gemv_backend`, as the model runs without the extension), oneDNN
+  above;
 - `int8 kernel`: `torch.ops.aten._weight_int8pack_mm` (bfloat16 x and scales);
 - `int8 deq+mm`: codes → bfloat16 per call, oneDNN matmul, then the scales;
 - `int4 kernel`: `torch.ops.aten._weight_int4pack_mm_for_cpu` (`quant.linear.PackedInt4Linear`);
@@ -22,7 +23,6 @@ of `--repeats` passes in ms, after one warm-up pass. The paths:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -31,6 +31,7 @@ import torch
 
 from llmbench.engine.kernel_ops import cpu_extension
 from llmbench.engine.linear import Linear
+from llmbench.engine.model import torch_gemv_backend
 from llmbench.engine.quant.linear import (
     int4_layer,
     int8_layer,
@@ -72,20 +73,12 @@ def _paths(weights: list[torch.Tensor]) -> dict[str, list[Callable]]:
     }
 
 
-def _torch_backend(num_rows: int):
-    """torch's native GEMV up to 2 rows (oneDNN off), as the model runs bfloat16 without the
-    C++ extension."""
-    if num_rows <= 2:
-        return torch.backends.mkldnn.flags(enabled=False)
-    return contextlib.nullcontext()
-
-
 def time_pass(layers: list[Callable], xs: dict[int, torch.Tensor], repeats: int) -> float:
     """Median seconds of one pass over every matrix (layers[i] has SHAPES[i % 4]'s shape)."""
     num_rows = next(iter(xs.values())).shape[0]
 
     def one_pass() -> None:
-        with _torch_backend(num_rows):
+        with torch_gemv_backend(num_rows):
             for layer, (_, num_in) in zip(layers, SHAPES * NUM_LAYERS, strict=False):
                 layer(xs[num_in])
 
