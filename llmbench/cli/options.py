@@ -10,6 +10,8 @@ from llmbench.errors import UserError
 
 DTYPE = click.Choice(["float32", "bfloat16", "float16"])
 DEVICE = click.Choice(["auto", "cpu", "cuda"])
+THREADS = click.IntRange(min=1)  # CPU threads: at least one (none given: torch's default)
+PORT = click.IntRange(0, 65535)  # a TCP port; 0: one the OS picks
 
 
 def check_file_option(path: Path | None, option: str) -> None:
@@ -22,9 +24,6 @@ def check_file_option(path: Path | None, option: str) -> None:
     if not path.parent.resolve().is_dir():
         raise UserError(f"{option} {path}: the folder {path.parent} does not exist")
 
-
-THREADS = click.IntRange(min=1)  # CPU threads: at least one (none given: torch's default)
-PORT = click.IntRange(0, 65535)  # a TCP port; 0: one the OS picks
 
 QUANTIZE_HELP = (
     "weight-only quantization of every linear layer at load: none, int8 (per output channel) "
