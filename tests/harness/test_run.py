@@ -200,7 +200,13 @@ def test_openai_backend_against_llmbench_serve_matches_the_engine(tmp_path, serv
     assert summary["num_failed"] == 0 and summary["token_count_mismatches"] == 0
     assert summary["prefix_cache_hit_rate"] > 0  # cached_tokens came back through the usage
     # The server's roofline, estimated from the token times and labelled so.
-    assert summary["roofline_is_estimated"] is True and summary["decode_mbu"] > 0
+    assert summary["roofline_is_estimated"] is True
+    # Its decode MBU; none only where the estimate went above a roof probed on a busy machine
+    # (CI's two workers), and then the summary's warning names the phase.
+    if summary["decode_mbu"] is None:
+        assert any(w.startswith("decode bandwidth") for w in summary["warnings"]), summary
+    else:
+        assert 0 < summary["decode_mbu"] <= 1
     assert results["roofline"]["roofs"]["label"].startswith("measured")
     assert results["roofline"]["weight_bytes_per_param"] == 4.0  # float32, as the server says
     points = [json.loads(line) for line in (http / "steps.jsonl").read_text().splitlines()]
