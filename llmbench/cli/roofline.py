@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from llmbench.cli.options import THREADS, gpu_hour_price_option
+from llmbench.cli.options import THREADS, check_file_option, gpu_hour_price_option
 from llmbench.errors import UserError
 from llmbench.roofline.cost_model import BYTES_PER_ELEM
 
@@ -79,8 +79,13 @@ def _read_source(roofs: dict) -> str:
     return roofs.get("sources", {}).get("read_bytes_per_s", "probe read")
 
 
+# The largest --batch or --context, far past any deployment (a batch of 10^11 sequences ran out
+# of memory building the step's shape).
+MAX_SIZE = 2**24
+
+
 def _sizes(text: str, option: str) -> list[int]:
-    """'1,8,64' or '1k,8k' → [1, 8, 64] / [1024, 8192]."""
+    """'1,8,64' or '1k,8k' → [1, 8, 64] / [1024, 8192], each 1 .. MAX_SIZE."""
     values = []
     for part in text.split(","):
         part = part.strip().lower()
@@ -89,8 +94,8 @@ def _sizes(text: str, option: str) -> list[int]:
             value = int(part.removesuffix("k")) * scale
         except ValueError:
             raise UserError(f"{option} {text}: '{part}' is not a count like 8 or 4k") from None
-        if value < 1:
-            raise UserError(f"{option} {text}: values must be >= 1")
+        if not 1 <= value <= MAX_SIZE:
+            raise UserError(f"{option} {text}: values must be 1 .. {MAX_SIZE:,}")
         values.append(value)
     return values
 
@@ -121,7 +126,14 @@ def _sizes(text: str, option: str) -> list[int]:
     help="KV cache storage, keys and values alike (int8) or apart (k=bfloat16,v=int4); int8 and "
     "int4 with a float16 scale per token and KV head, as the built-in engine stores them",
 )
-@click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree")
+@click.option(
+    "--tp",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="tensor-parallel degree: it divides the query heads, and divides the KV heads or is a "
+    "multiple of them (then each device holds one KV head, replicated)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 @gpu_hour_price_option(
     "what the device costs an hour (e.g. 2.5 for an H100 at $2.50/h): each row gains the least "
@@ -155,14 +167,17 @@ def roofline(
     from llmbench.roofline import cost_model
     from llmbench.roofline.whatif import whatif_rows
 
+    check_file_option(html_path, "--html")
     config = _model_config(model)
+    try:
+        cost_model.kv_heads_per_device(config, tp)
+    except ValueError as e:
+        raise UserError(f"roofline: --{e}") from None  # "tp 3: does not divide ..."
     # Weight-only GGUF formats are dequantised into 16-bit math; int8/int4/fp8 run int8 math.
     flops_dtype = "int8" if dtype in ("int8", "int4", "fp8") else dtype
     if dtype in cost_model.GGUF_BLOCKS:
         flops_dtype = "bfloat16"
     bandwidth, peak_flops, hardware_label = _peaks(hardware_name, flops_dtype)
-    if tp < 1:
-        raise UserError("roofline: --tp must be >= 1")
     rows = whatif_rows(
         config,
         bandwidth,

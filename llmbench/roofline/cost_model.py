@@ -16,7 +16,10 @@ What is counted:
 - the lm_head only for rows that need logits (with speculative decoding, every draft token's
   row too: the target checks them all), and a draft model's own passes apart (`draft_cost`);
 - attention FLOPs as a function of each query's context length;
-- bytes fetched over the host link (offloaded weights) apart from memory bytes: another roof.
+- bytes fetched over the host link (offloaded weights) apart from memory bytes: another roof;
+- tensor parallelism as Megatron and vLLM shard: each of tp devices holds 1/tp of every matrix
+  and of the query heads; KV heads split too, or, where tp exceeds them, each device holds one
+  whole (replicated: its k_proj and v_proj columns and its K/V cache), `kv_heads_per_device`.
 
 Activations (residual stream, MLP intermediates, logits) are *not* counted: at decode they are
 O(T·h) per layer, tiny next to the weights; at prefill the step is compute-bound anyway.
@@ -164,6 +167,32 @@ class Cost:
         return self.flops / self.bytes if self.bytes else math.inf
 
 
+def kv_heads_per_device(config: ModelConfig, tp: int) -> int:
+    """KV heads each of `tp` devices holds: num_kv_heads / tp, or 1 where tp > num_kv_heads
+    (each device then holds a whole KV head, replicated tp / num_kv_heads times).
+
+    Raises ValueError where tp does not shard the heads evenly: tp must divide the query heads,
+    and divide the KV heads or be a multiple of them (the rule vLLM enforces at start-up)."""
+    heads, kv_heads = config.num_heads, config.num_kv_heads
+    if tp < 1:
+        raise ValueError(f"tp {tp}: must be >= 1")
+    if heads % tp:
+        raise ValueError(f"tp {tp}: does not divide the model's {heads} attention heads")
+    if kv_heads % tp and tp % kv_heads:
+        raise ValueError(
+            f"tp {tp}: the model's {kv_heads} KV heads neither split evenly over {tp} devices nor "
+            "replicate evenly on them (tp must divide them or be a multiple of them)"
+        )
+    return max(1, kv_heads // tp)
+
+
+def replicated_kv_width(config: ModelConfig, tp: int) -> float:
+    """Output columns of k_proj and v_proj that each device holds beyond a 1/tp share: 0, or
+    where KV heads are replicated (tp > num_kv_heads), 2·d·(1 − num_kv_heads / tp)."""
+    extra_heads = kv_heads_per_device(config, tp) - config.num_kv_heads / tp
+    return 2 * config.head_dim * extra_heads
+
+
 def _layer_params(config: ModelConfig) -> tuple[int, int, int]:
     """(matrix, bias, norm) parameters of one decoder layer that every token uses, the routed
     experts left out (`expert_params`); matches ModelConfig.num_active_params less the experts."""
@@ -238,8 +267,11 @@ def step_cost(config: ModelConfig, step: StepShape) -> Cost:
       weight_bytes    = bpp·(L·((matrices + qkv bias)/tp + 2h) + h) + bpp_lm·V·h/tp
                         (bpp_lm = lm_head_bytes_per_param, or bpp when None)
       embedding_bytes = bpp·T·h / tp        (untied only; tied: the table is the lm_head)
-      kv_read_bytes   = Σ_seq context·2·kv·kv_bytes·L / tp
-      kv_write_bytes  = T·2·kv·kv_bytes·L / tp
+      kv_read_bytes   = Σ_seq context·2·d·kv_dev·kv_bytes·L
+      kv_write_bytes  = T·2·d·kv_dev·kv_bytes·L
+    where kv_dev = `kv_heads_per_device` (kv_heads / tp, or 1 where tp > kv_heads: each device
+    then also holds r = `replicated_kv_width` more k/v columns, linear_flops += 2·T·L·h·r and
+    weight_bytes += bpp·L·(h·r + r if qkv bias)).
     Mixture of experts (E experts, top-k, I_moe each, I_s shared, n_l experts touched in layer l):
     the matrices are h·(q + 2kv) + q·h + h·E (router) + 3·h·I_s + h (shared expert and its gate)
     instead of the dense MLP, plus per token k experts:
@@ -249,6 +281,8 @@ def step_cost(config: ModelConfig, step: StepShape) -> Cost:
     tp = step.tp
     h, v, num_layers = config.hidden_size, config.vocab_size, config.num_layers
     bpp, kv_bytes = step.weight_bytes_per_param, step.kv_bytes_per_elem
+    kv_heads = kv_heads_per_device(config, tp)  # raises where tp does not shard the heads
+    replicated = replicated_kv_width(config, tp)
     num_tokens, num_rows = step.num_tokens, step.num_logit_rows
 
     # --- FLOPs -------------------------------------------------------------------------------
@@ -258,15 +292,14 @@ def step_cost(config: ModelConfig, step: StepShape) -> Cost:
     matrix_params, bias_params, norm_params = _layer_params(config)
     # MoE: each token runs its top-k experts; a dense model has none (expert_params = 0).
     active_params = matrix_params + config.num_experts_per_tok * expert_params(config)
-    linear_flops = 2 * num_tokens * num_layers * active_params / tp
+    linear_flops = 2 * num_tokens * num_layers * (active_params / tp + h * replicated)
 
     # Keys attended. Prefill chunk (s, n): query i sits at position s + i and (causally) sees
     # s + i + 1 keys, Σ_{i<n} (s + i + 1) = n·s + n(n+1)/2. Decode: the context length c.
     keys_attended = sum(n * s + n * (n + 1) // 2 for s, n in step.prefill)
     keys_attended += sum(step.decode_context_lens)
     # Per key, per head, per head_dim element: one multiply-add in QK^T and one in P·V = 4 FLOPs.
-    # Query heads are split over tp devices (kv heads with them). Napkin: everything divides
-    # evenly; an engine with num_kv_heads < tp replicates kv heads, so KV bytes are then low.
+    # Query heads are split over tp devices (each device's KV heads serve its own query heads).
     attention_flops = 4 * num_layers * config.q_size * keys_attended / tp
 
     # lm_head [R, h] @ [h, V] only for rows that need logits; vocab-parallel over tp.
@@ -275,7 +308,11 @@ def step_cost(config: ModelConfig, step: StepShape) -> Cost:
     # --- bytes -------------------------------------------------------------------------------
     # Every weight is read once per step, whatever T is (that is why decode is bandwidth-bound).
     # Sharded matrices: 1/tp per device; RMSNorm weights are replicated.
-    layer_bytes = bpp * num_layers * ((matrix_params + bias_params) / tp + norm_params)
+    # Replicated KV heads: their k_proj and v_proj columns (and bias) on every device.
+    replicated_params = h * replicated + (replicated if config.qkv_bias else 0)
+    layer_bytes = (
+        bpp * num_layers * ((matrix_params + bias_params) / tp + replicated_params + norm_params)
+    )
     final_norm_bytes = bpp * h  # model.norm, replicated
     # lm_head (= the embedding table when tied, unless stored apart), vocab-parallel.
     lm_bpp = bpp if step.lm_head_bytes_per_param is None else step.lm_head_bytes_per_param
@@ -289,8 +326,8 @@ def step_cost(config: ModelConfig, step: StepShape) -> Cost:
     # MoE decode bytes grow with the batch until every expert is read.
     expert_bytes = bpp * sum(experts_touched(config, step)) * expert_params(config) / tp
 
-    # K and V of one position in one layer: 2·kv elements (kv heads split over tp).
-    kv_elem_bytes = 2 * config.kv_size * kv_bytes * num_layers / tp
+    # K and V of one position in one layer on one device: 2·d elements a KV head it holds.
+    kv_elem_bytes = 2 * config.head_dim * kv_heads * kv_bytes * num_layers
     # Read: each sequence's whole context once per layer (a fused attention kernel streams the
     # context once for all of its queries): prefill s + n positions, decode c positions.
     positions_read = sum(s + n for s, n in step.prefill) + sum(step.decode_context_lens)

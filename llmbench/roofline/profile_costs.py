@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmbench.roofline.cost_model import StepShape, step_cost
+from llmbench.roofline.cost_model import StepShape, replicated_kv_width, step_cost
 
 if TYPE_CHECKING:  # type hints only: torch-free
     from llmbench.engine.config import ModelConfig
@@ -60,15 +60,18 @@ def op_costs(config: ModelConfig, step: StepShape) -> dict[str, OpCost]:
     Formula (L layers, h hidden, q = heads·d, kv = kv_heads·d, I intermediate, V vocab,
     T tokens, R logit rows, bpp / bpp_lm / kvb bytes per weight / lm_head weight / K-V element,
     tp devices):
-      qkv_proj      bytes bpp·L·(h·(q + 2kv) + bias)/tp, flops 2·T·L·h·(q + 2kv)/tp
+      qkv_proj      bytes bpp·L·(h·w + bias)/tp,         flops 2·T·L·h·w/tp
+                    (w = q + 2kv + tp·r, r the k/v columns of replicated KV heads,
+                    `replicated_kv_width`: 0 unless tp > kv_heads)
       o_proj        bytes bpp·L·q·h/tp,                  flops 2·T·L·q·h/tp
       gate_up_proj  bytes bpp·L·2·h·I/tp,                flops 2·T·L·2·h·I/tp
       down_proj     bytes bpp·L·I·h/tp,                  flops 2·T·L·I·h/tp
       rms_norm      bytes bpp·(L·(2h + 2d if qk_norm) + h)
       lm_head       bytes bpp_lm·V·h/tp,                 flops 2·R·h·V/tp
       embedding     bytes bpp·T·h/tp (untied only)
-      kv_write      bytes T·2·kv·kvb·L/tp
-      attention     bytes Σ positions read·2·kv·kvb·L/tp, flops 4·L·q·Σ keys attended/tp
+      kv_write      bytes T·2·d·kv_dev·kvb·L
+      attention     bytes Σ positions read·2·d·kv_dev·kvb·L, flops 4·L·q·Σ keys attended/tp
+    (kv_dev: `kv_heads_per_device`).
     Their sums are `step_cost`'s `bytes` and `flops` (a test holds them to it).
     """
     if config.num_experts:
@@ -85,11 +88,12 @@ def op_costs(config: ModelConfig, step: StepShape) -> dict[str, OpCost]:
         )
 
     whole = step_cost(config, step).breakdown  # the terms that are not per-matrix
+    qkv = q + 2 * kv + tp * replicated_kv_width(config, tp)  # a device holds qkv / tp of them
     norm_params = 2 * h + (2 * config.head_dim if config.qk_norm else 0)
     lm_bpp = bpp if step.lm_head_bytes_per_param is None else step.lm_head_bytes_per_param
     costs = {op: OpCost() for op in OPS}
     costs.update(
-        qkv_proj=linear(h, q + 2 * kv, (q + 2 * kv) if config.qkv_bias else 0),
+        qkv_proj=linear(h, qkv, qkv if config.qkv_bias else 0),
         o_proj=linear(q, h),
         gate_up_proj=linear(h, 2 * inter),
         down_proj=linear(inter, h),

@@ -34,9 +34,12 @@ def whatif_rows(
     Formula: decode_step_ms = max(bytes / peak_bytes_per_s, flops / peak_flops_per_s) · 1e3
     of `decode_cost(batch, context)`; decode_tok_per_s = batch / step seconds; ttft_ms_bound =
     the same bound of one prefill of `context` tokens; experts_touched_per_layer =
-    E·(1 − (1 − k/E)^batch) for a MoE model (None when dense).
+    E·(1 − (1 − k/E)^batch) for a MoE model (None when dense); kv_bytes_per_seq = context ·
+    2·L·d·kv_dev·kv_bytes, one device's K/V of a sequence (kv_dev: `kv_heads_per_device`).
     """
     wbytes, kvbytes = weight_bytes_per_param, kv_bytes_per_elem
+    kv_heads = cost_model.kv_heads_per_device(config, tp)  # raises where tp does not shard
+    kv_bytes_per_position = 2 * config.num_layers * config.head_dim * kv_heads * kvbytes
     rows = []
     for ctx in contexts:
         prefill = cost_model.step_cost(
@@ -72,7 +75,7 @@ def whatif_rows(
                     "expert_bytes_per_step": cost.breakdown["expert_bytes"],
                     "experts_touched_per_layer": touched,
                     "flops_per_step": cost.flops,
-                    "kv_bytes_per_seq": ctx * config.kv_bytes_per_token(1) * kvbytes / tp,
+                    "kv_bytes_per_seq": ctx * kv_bytes_per_position,
                     "ridge_batch": ridge,
                 }
             )

@@ -137,6 +137,38 @@ def test_roofline_refuses_an_unknown_kv_dtype_in_one_line():
     assert_user_error(result, "--kv-dtype k=int3,v=int8: give a storage name or k=NAME,v=NAME")
 
 
+def test_roofline_tensor_parallel_replicates_kv_heads_past_their_count():
+    """Llama-3.1-8B (32 query heads, 8 KV heads, head_dim 128, 32 layers) over 8 devices holds
+    one KV head a device; over 16 or 32, still one (replicated): a sequence's K/V a device stops
+    shrinking at 8, as Megatron and vLLM shard them."""
+    per_seq = {}
+    for tp in (1, 8, 16, 32):
+        result = llmbench(
+            "roofline",
+            *("--model", "synthetic:llama-3.1-8b", "--hardware", "h100", "--batch", "1"),
+            *("--context", "1k", "--tp", str(tp), "--json"),
+        )
+        assert result.returncode == 0, result.stderr
+        (point,) = json.loads(result.stdout)["points"]
+        per_seq[tp] = point["kv_bytes_per_seq"]
+    whole = 1024 * 32 * 8 * 2 * 128 * 2  # positions · layers · KV heads · (K, V) · d · bytes
+    assert per_seq == {1: whole, 8: whole / 8, 16: whole / 8, 32: whole / 8}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tp", "3"], "roofline: --tp 3: does not divide the model's 32 attention heads"),
+        (["--tp", "64"], "roofline: --tp 64: does not divide the model's 32 attention heads"),
+        (["--batch", "99999999999"], "--batch 99999999999: values must be 1 .. 16,777,216"),
+        (["--html", "/no/such/folder/w.html"], "--html /no/such/folder/w.html: the folder"),
+    ],
+)
+def test_roofline_refuses_what_no_machine_runs_in_one_line(args, message):
+    result = llmbench("roofline", "--model", "synthetic:llama-3.1-8b", "--hardware", "h100", *args)
+    assert_user_error(result, message)
+
+
 def test_hardware_prints_every_probe_with_best_median_and_spread(tmp_path):
     """From a cache entry written by hand (nothing measured): a row per probe, the read roof
     and which probe it is, and the notes."""

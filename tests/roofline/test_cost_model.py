@@ -28,6 +28,8 @@ from llmbench.roofline.cost_model import (
     decode_cost,
     draft_cost,
     expected_experts_touched,
+    kv_heads_per_device,
+    replicated_kv_width,
     ridge_batch,
     step_cost,
     time_bound_s,
@@ -182,15 +184,41 @@ def test_quantized_weights_scale_weight_bytes_only():
 
 
 def test_tensor_parallel_reports_per_device_numbers():
-    cost = step_cost(TINY, shape(decode=[10], tp=2))
-    b = cost.breakdown
-    assert b["linear_flops"] == 1152  # 2304 / 2
+    split = dataclasses.replace(TINY, num_kv_heads=2)  # q 8, kv 8: matrices 8·24 + 64 + 384
+    b = step_cost(split, shape(decode=[10], tp=2)).breakdown
+    assert b["linear_flops"] == 1280  # 2·2·640 / 2
     assert b["attention_flops"] == 320  # heads split: 640 / 2
     assert b["lm_head_flops"] == 800  # vocab-parallel: 1600 / 2
-    # Matrices and lm_head split, norms replicated: 2·(2·(576/2 + 16) + 8 + 800/2) = 2032.
-    assert b["weight_bytes"] == 2032
-    assert b["kv_read_bytes"] == 160  # kv heads split
-    assert b["kv_write_bytes"] == 16
+    # Matrices and lm_head split, norms replicated: 2·(2·(640/2 + 16) + 8 + 800/2) = 2160.
+    assert b["weight_bytes"] == 2160
+    # KV heads split, one a device: 10 positions · 2 · d 4 · 2 bytes · 2 layers.
+    assert b["kv_read_bytes"] == 320
+    assert b["kv_write_bytes"] == 32
+
+
+def test_tensor_parallel_past_the_kv_heads_replicates_them():
+    # TINY's one KV head on each of 2 devices (its k_proj, v_proj columns and its K/V cache):
+    # each device holds what it would with 2 KV heads split one a device, as above.
+    replicated = step_cost(TINY, shape(decode=[10], tp=2)).breakdown
+    split = step_cost(dataclasses.replace(TINY, num_kv_heads=2), shape(decode=[10], tp=2))
+    assert replicated == split.breakdown
+    assert (
+        replicated["kv_read_bytes"]
+        == step_cost(TINY, shape(decode=[10])).breakdown["kv_read_bytes"]
+    )
+    assert replicated_kv_width(TINY, 2) == 4  # 2·d·(1 − 1/2)
+    assert replicated_kv_width(TINY, 1) == 0
+
+
+def test_tensor_parallel_must_shard_the_heads_evenly():
+    wide = dataclasses.replace(TINY, num_heads=12, num_kv_heads=4)
+    assert [kv_heads_per_device(wide, tp) for tp in (1, 2, 4, 12)] == [4, 2, 1, 1]
+    with pytest.raises(ValueError, match="does not divide the model's 12 attention heads"):
+        kv_heads_per_device(wide, 8)
+    with pytest.raises(ValueError, match="4 KV heads neither split"):
+        kv_heads_per_device(wide, 6)  # divides 12 heads; 4 KV heads over 6 devices: no
+    with pytest.raises(ValueError, match="attention heads"):
+        step_cost(TINY, shape(decode=[1], tp=3))
 
 
 def test_bad_shapes_are_rejected():

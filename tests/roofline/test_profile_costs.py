@@ -46,14 +46,18 @@ STEPS = [
         weight_bytes_per_param=0.5,
         kv_bytes_per_elem=1.0625,
         lm_head_bytes_per_param=1.03,
-        tp=2,
     ),
 ]
 
 
 @pytest.mark.parametrize("config", [TINY, TINY_EXTRAS, PRESETS["smollm2-135m"]])
 @pytest.mark.parametrize("step", STEPS)
-def test_the_ops_add_up_to_the_cost_models_step(config, step):
+@pytest.mark.parametrize("devices", ["one", "a KV head each", "a query head each"])
+def test_the_ops_add_up_to_the_cost_models_step(config, step, devices):
+    """On one device; tensor-parallel with the KV heads split (tp = KV heads), and with them
+    replicated (tp = query heads: 2 devices a KV head in TINY, 3 in SmolLM2)."""
+    tp = {"one": 1, "a KV head each": config.num_kv_heads, "a query head each": config.num_heads}
+    step = dataclasses.replace(step, tp=tp[devices])
     costs = op_costs(config, step)
     whole = step_cost(config, step)
     assert sum(c.bytes for c in costs.values()) == pytest.approx(whole.bytes, rel=1e-12)
