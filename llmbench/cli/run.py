@@ -238,15 +238,18 @@ def report(run_dir: Path) -> None:
     help="folder for the tables (default: RUN_DIR/export)",
 )
 def export(run_dir: Path, fmt: str, out: Path | None) -> None:
-    """Flatten RUN_DIR into requests, steps and summary tables (CSV or Parquet) via pandas."""
+    """Flatten RUN_DIR into requests, steps and summary tables (CSV or Parquet) via pandas; a
+    sweep's or variants folder's runs share the tables, each row led by its `run`."""
     from llmbench.harness.run_folder import write_failed
     from llmbench.reports import rundata
     from llmbench.reports.export import export as export_run
 
+    if out is not None and out.exists() and not out.is_dir():
+        raise UserError(f"export --out {out}: is a file; give a folder for the tables")
     _rebuild_missing_results(run_dir)
-    run, folder = rundata.load(run_dir), out or run_dir / "export"
+    runs, folder = rundata.runs_in(run_dir), out or run_dir / "export"
     try:
-        paths = export_run(run, folder, fmt)
+        paths = export_run(runs, folder, fmt)
     except OSError as e:  # a full disk: one line naming the table
         raise write_failed(Path(e.filename) if e.filename else folder, e) from None
     for path in paths:

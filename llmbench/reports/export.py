@@ -2,11 +2,13 @@
 
 requests: one row per request with its measured metrics; steps: one row per roofline point
 (list columns summarised as counts and sums); summary: one row, nested keys joined with dots.
+A sweep or a variants folder: every point's or variant's rows, led by the column `run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,19 +72,23 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def export(run: RunData, out_dir: Path, fmt: str) -> list[Path]:
-    """Write requests, steps and summary tables; returns the files written."""
+def export(runs: Mapping[str | None, RunData], out_dir: Path, fmt: str) -> list[Path]:
+    """Write requests, steps and summary tables of `runs` (`rundata.runs_in`); returns the files
+    written. One run's rows are as they are; a sweep's points or a variants folder's variants
+    share each table, every row led by `run`, its folder within the one exported."""
     try:
         import pandas as pd
     except ImportError:
         raise UserError("export needs pandas: pip install 'llmbench[export]'") from None
-    tables = {
-        "requests": pd.DataFrame(request_rows(run)),
-        "steps": pd.DataFrame(step_rows(run)),
-        "summary": pd.DataFrame(
-            [flatten({"name": run.results.get("name"), **run.summary})] if run.summary else []
-        ),
-    }
+    rows: dict[str, list[dict[str, Any]]] = {"requests": [], "steps": [], "summary": []}
+    for where, run in runs.items():
+        head = {"name": run.results.get("name")}
+        if run.result.sweep_point is not None:
+            head["sweep_point"] = run.result.sweep_point
+        summary = [flatten({**head, **run.summary})] if run.summary else []
+        for name, found in zip(rows, (request_rows(run), step_rows(run), summary), strict=True):
+            rows[name] += found if where is None else [{"run": where, **row} for row in found]
+    tables = {name: pd.DataFrame(found) for name, found in rows.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, frame in tables.items():

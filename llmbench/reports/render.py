@@ -8,7 +8,6 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from llmbench.errors import UserError
 from llmbench.harness import variant_index
 from llmbench.reports import html_report, markdown_report, rundata, variants_page
 
@@ -27,12 +26,7 @@ def write_reports(folder: Path) -> tuple[Path, Path]:
         run = rundata.load(folder)
         page, markdown = html_report.render(run), markdown_report.render(run)
     else:
-        points = rundata.sweep_points(folder)
-        if not points:
-            raise UserError(
-                f"{folder}: no results.json and no sweep points here; pass a folder that "
-                "`llmbench run` wrote"
-            )
+        points = list(rundata.runs_in(folder).values())  # a sweep's, or one line saying why not
         for point in points:
             write_reports(point.folder)
         page = html_report.render_sweep(folder.name, points)

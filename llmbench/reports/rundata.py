@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbench.errors import UserError
-from llmbench.harness import expert_stats_file, record_log, results, telemetry
+from llmbench.harness import expert_stats_file, record_log, results, telemetry, variant_index
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import RunResult
 
@@ -70,3 +70,31 @@ def sweep_points(folder: Path) -> list[RunData]:
     subfolders = [p for p in folder.glob("point-*") if (p / results.RESULTS_FILE).is_file()]
     runs = [load(p) for p in subfolders]
     return sorted(runs, key=lambda run: run.result.sweep_point or 0)
+
+
+def runs_in(folder: Path) -> dict[str | None, RunData]:
+    """Every run a folder holds, by its place in it: {None: run} for a run folder, {"point-4":
+    run, ...} for a sweep (in sweep order), and a variants folder's variants under their folders
+    ("variants/int8", or "variants/int8/point-4" for a variant that is a sweep). A variant that
+    failed before writing anything has no run."""
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such folder; pass a folder that `llmbench run` wrote")
+    if variant_index.is_variants_folder(folder):
+        runs: dict[str | None, RunData] = {}
+        for entry in variant_index.read_index(folder).variants:
+            sub = folder / entry.folder
+            if (sub / results.RESULTS_FILE).is_file() or sweep_points(sub):
+                for where, run in runs_in(sub).items():
+                    runs[entry.folder if where is None else f"{entry.folder}/{where}"] = run
+        if not runs:
+            raise UserError(f"{folder}: no variant here wrote results.json; nothing to read")
+        return runs
+    if (folder / results.RESULTS_FILE).is_file():
+        return {None: load(folder)}
+    points = sweep_points(folder)
+    if not points:
+        raise UserError(
+            f"{folder}: no results.json and no sweep points here; pass a folder that "
+            "`llmbench run` wrote"
+        )
+    return {run.folder.name: run for run in points}

@@ -39,10 +39,53 @@ def test_export_flattens_requests_steps_and_summary(run_folder, tmp_path, fmt):
     assert summary["decode_mbu"][0] == pytest.approx(run.summary["decode_mbu"])
 
 
+def test_a_sweeps_points_share_each_table_led_by_their_folder(tmp_path):
+    from tests.harness.synthetic_runs import write_run
+
+    for seed, value in ((1, 4.0), (2, 1.0)):  # written out of sweep order
+        write_run(tmp_path / f"point-{value:g}", seed, sweep_point=value, num_requests=6)
+    out = tmp_path / "tables"
+    result = llmbench("export", str(tmp_path), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    requests, summary = pd.read_csv(out / "requests.csv"), pd.read_csv(out / "summary.csv")
+    assert list(summary["run"]) == ["point-1", "point-4"]  # sweep order
+    assert list(summary["sweep_point"]) == [1.0, 4.0]
+    for point in ("point-1", "point-4"):
+        run = rundata.load(tmp_path / point)
+        mine = requests[requests["run"] == point]
+        assert sorted(mine["request_id"]) == sorted(r.request_id for r in run.requests)
+        own = summary[summary["run"] == point]
+        assert own["tpot_ms.p50"].item() == pytest.approx(run.summary["tpot_ms"]["p50"])
+    steps = pd.read_csv(out / "steps.csv")
+    assert steps.columns[0] == "run" and set(steps["run"]) == {"point-1", "point-4"}
+
+
+def test_a_variants_folder_exports_every_variant_that_ran(tmp_path):
+    from tests.reports.variant_folders import write_variants
+
+    folder = write_variants(tmp_path / "vary")  # fast and slow ran; broken failed early
+    result = llmbench("export", str(folder), "--format", "parquet")
+    assert result.returncode == 0, result.stderr
+    summary = pd.read_parquet(folder / "export" / "summary.parquet")
+    assert list(summary["run"]) == ["variants/fast", "variants/slow"]
+    assert "sweep_point" not in summary.columns
+    slow = rundata.load(folder / "variants" / "slow")
+    assert summary["tpot_ms.p50"][1] == pytest.approx(slow.summary["tpot_ms"]["p50"])
+
+
+def test_export_into_a_file_is_one_line(run_folder):
+    result = llmbench("export", str(run_folder), "--out", str(run_folder / "results.json"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: export --out {run_folder / 'results.json'}: is a file; give a folder for the "
+        "tables\n"
+    )
+
+
 def test_export_of_a_missing_folder_is_one_line(tmp_path):
     result = llmbench("export", str(tmp_path / "nope"))
     assert result.returncode == 2
-    assert result.stderr.startswith(f"error: {tmp_path / 'nope'}: no results.json here")
+    assert result.stderr.startswith(f"error: {tmp_path / 'nope'}: no such folder")
 
 
 def test_request_rows_carry_the_servers_timings_as_columns():
