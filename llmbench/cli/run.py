@@ -194,7 +194,8 @@ def _run_variants(spec, variants, out: Path | None, strict: bool, force: bool) -
 
 def _sweep_report(root: Path, spec) -> None:
     """A sweep folder's reports, then a table of its points (the numbers of report.md's, with
-    the requests completed and failed) and, as the last line of stdout, the folder."""
+    the requests completed and failed), the highest load that met the SLOs, and, as the last
+    line of stdout, the folder."""
     from llmbench.reports import rundata, tables
     from llmbench.reports.render import write_reports
     from llmbench.reports.variant_tables import text_table
@@ -202,12 +203,15 @@ def _sweep_report(root: Path, spec) -> None:
     write_reports(root)
     points = rundata.sweep_points(root)
     load = "concurrency" if spec.load.kind == "concurrency" else "rate/s"
-    header = [load, "completed", "failed", *tables.SWEEP_HEADER[1:]]
+    header = [load, "completed", "failed", *tables.sweep_header(points)[1:]]
     rows = [
         [row[0], str(run.summary["num_completed"]), str(run.summary["num_failed"]), *row[1:]]
         for run, row in zip(points, tables.sweep_rows(points), strict=True)
     ]
     click.echo("\n" + "\n".join(text_table(header, rows)))
+    capacity = tables.sweep_capacity(points)
+    if capacity:
+        click.echo(capacity)
     click.echo(root)
 
 

@@ -96,8 +96,9 @@ def render(run: RunData) -> Page:
 
 
 def render_sweep(name: str, points: list[RunData]) -> Page:
-    """The report of a sweep folder: the points that ran on a busy machine named first, then
-    latency-vs-throughput curves and a row per point."""
+    """The report of a sweep folder: the points that ran on a busy machine named first, the
+    highest load that met the SLOs (with SLOs), then latency-vs-throughput curves and a row per
+    point."""
     curves = plots.sweep_curves(points)
     rows = zip(tables.sweep_rows(points), [run.folder.name for run in points], strict=True)
     return render_page(
@@ -106,7 +107,8 @@ def render_sweep(name: str, points: list[RunData]) -> Page:
         title=f"llmbench sweep: {name}",
         subtitle="",
         warnings=tables.busy_warnings([(run.folder.name, run) for run in points]),
+        capacity=tables.sweep_capacity(points),
         plots=curves,
-        header=tables.SWEEP_HEADER,
+        header=tables.sweep_header(points),
         rows=list(rows),
     )

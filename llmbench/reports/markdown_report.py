@@ -68,4 +68,6 @@ def render_sweep(name: str, points: list[RunData]) -> str:
     busy = tables.busy_warnings([(run.folder.name, run) for run in points])
     lines = [f"# llmbench sweep: {name}", "", *(f"> **warning:** {line}" for line in busy)]
     lines += [""] if busy else []
-    return "\n".join([*lines, *markdown_table(tables.SWEEP_HEADER, rows)])
+    capacity = tables.sweep_capacity(points)
+    lines += [capacity, ""] if capacity else []
+    return "\n".join([*lines, *markdown_table(tables.sweep_header(points), rows)])

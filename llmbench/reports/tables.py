@@ -482,22 +482,80 @@ SWEEP_HEADER = (
     "TPOT p99",
     "decode MBU",
 )
+# With SLOs (`spec.slo`): the requests a second that met every one, and their share.
+SLO_HEADER = ("goodput req/s", "SLOs met")
+# A sweep's capacity: the highest load at which at least this share of the measured requests
+# met every SLO (the attainment DistServe's goodput is taken at).
+SLO_ATTAINMENT = 0.9
+
+
+def _slo_limits(points: list[RunData]) -> dict[str, float]:
+    """The sweep's SLOs (every point runs the same spec but for its load)."""
+    return dict((points[0].results.get("spec") or {}).get("slo") or {}) if points else {}
+
+
+def sweep_header(points: list[RunData]) -> tuple[str, ...]:
+    return SWEEP_HEADER + (SLO_HEADER if _slo_limits(points) else ())
 
 
 def sweep_rows(points: list[RunData]) -> list[list[str]]:
-    """A row per sweep point: its load value, throughput, latency percentiles, decode MBU."""
-    return [
-        [
+    """A row per sweep point: its load value, throughput, latency percentiles, decode MBU, and
+    with SLOs its goodput and the share of requests that met them (`sweep_header`)."""
+    with_slo = bool(_slo_limits(points))
+    rows = []
+    for run in points:
+        s = run.summary
+        row = [
             f"{run.results.get('sweep_point'):g}",
-            num(run.summary["output_tok_per_s"]),
-            num(run.summary["ttft_ms"]["p50"]),
-            num(run.summary["ttft_ms"]["p99"]),
-            num(run.summary["tpot_ms"]["p50"]),
-            num(run.summary["tpot_ms"]["p99"]),
-            ratio(run.summary.get("decode_mbu")),
+            num(s["output_tok_per_s"]),
+            num(s["ttft_ms"]["p50"]),
+            num(s["ttft_ms"]["p99"]),
+            num(s["tpot_ms"]["p50"]),
+            num(s["tpot_ms"]["p99"]),
+            ratio(s.get("decode_mbu")),
         ]
-        for run in points
-    ]
+        if with_slo:
+            row += [num(s.get("goodput_request_per_s"), 2), percent(s.get("goodput_fraction"))]
+        rows.append(row)
+    return rows
+
+
+def sweep_capacity(points: list[RunData]) -> str | None:
+    """With SLOs, the sweep's answer to "how much load meets them": the highest point at which
+    at least SLO_ATTAINMENT of the requests met every SLO, or that none did and which came
+    closest; None without SLOs."""
+    limits = _slo_limits(points)
+    if not limits:
+        return None
+    slos = ", ".join(f"{metric} ≤ {limit:g}" for metric, limit in limits.items())
+    by_concurrency = ((points[0].results.get("spec") or {}).get("load") or {}).get("kind") == (
+        "concurrency"
+    )
+
+    def load(run: RunData) -> str:
+        value = run.results.get("sweep_point")
+        return f"concurrency {value:g}" if by_concurrency else f"{value:g} requests/s"
+
+    def met(run: RunData) -> float:
+        return run.summary.get("goodput_fraction") or 0.0
+
+    passing = [run for run in points if met(run) >= SLO_ATTAINMENT]
+    if not passing:
+        best = max(points, key=met)
+        return (
+            f"no point met the SLOs ({slos}) for {SLO_ATTAINMENT:.0%} of its requests; the "
+            f"closest: {load(best)} ({percent(met(best))})"
+        )
+    def value(run: RunData) -> float:
+        return run.results.get("sweep_point") or 0.0
+
+    top = max(passing, key=value)
+    goodput = top.summary.get("goodput_request_per_s")
+    edge = "; the highest tried: the edge lies past it" if top is max(points, key=value) else ""
+    return (
+        f"highest load that met the SLOs ({slos}) for {SLO_ATTAINMENT:.0%} of its requests: "
+        f"{load(top)}, {num(goodput, 2)} good req/s ({percent(met(top))} met){edge}"
+    )
 
 
 def speculative_rows(run: RunData) -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from llmbench.reports import rundata, tables
 from tests.cli.helpers import assert_user_error
 from tests.harness.test_run import SMALL, TINY, llmbench
 
@@ -509,7 +510,8 @@ def test_a_set_kind_and_a_sweep_say_what_was_dropped_and_end_with_a_table_and_th
 ):
     """chat.yaml's load is poisson: `--set load.kind=concurrency` drops its rate with a note; a
     sweep prints each point's summary on stderr, then a row per point, then the sweep folder
-    as the last line (before: the last point's folder, and no table)."""
+    as the last line (before: the last point's folder, and no table), after the highest load
+    that met the SLOs."""
     out = tmp_path / "sweep"
     small = ["workload.sessions=2", "workload.turns=2", "workload.think_time_s=0.01"]
     sets = [*small, "workload.output_tokens=8", "load.kind=concurrency", "load.sweep=[1,2]"]
@@ -520,10 +522,12 @@ def test_a_set_kind_and_a_sweep_say_what_was_dropped_and_end_with_a_table_and_th
     assert note in result.stderr.splitlines()
     lines = result.stdout.splitlines()
     assert lines[-1] == str(out)
-    header, *rows = lines[-4:-1]
+    # chat.yaml has SLOs: the highest load that met them, and goodput columns
+    assert lines[-2] == tables.sweep_capacity(rundata.sweep_points(out))
+    header, *rows = lines[-5:-2]
     assert header.split() == [
         "concurrency", "completed", "failed", "output", "tok/s", "TTFT", "p50", "TTFT", "p99",
-        "TPOT", "p50", "TPOT", "p99", "decode", "MBU",
+        "TPOT", "p50", "TPOT", "p99", "decode", "MBU", "goodput", "req/s", "SLOs", "met",
     ]  # fmt: skip
     for point, row in zip((1, 2), rows, strict=True):
         results = json.loads((out / f"point-{point}" / "results.json").read_text())
