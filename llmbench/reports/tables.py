@@ -546,6 +546,7 @@ def sweep_capacity(points: list[RunData]) -> str | None:
             f"no point met the SLOs ({slos}) for {SLO_ATTAINMENT:.0%} of its requests; the "
             f"closest: {load(best)} ({percent(met(best))})"
         )
+
     def value(run: RunData) -> float:
         return run.results.get("sweep_point") or 0.0
 

@@ -56,7 +56,7 @@ from aiohttp import web
 
 import llmbench
 from llmbench.errors import UserError
-from llmbench.serve.connections import ConnectionCap, check_open_files
+from llmbench.serve.connections import HTTP_LOG, ConnectionCap, check_open_files
 from llmbench.serve.generate import (
     Body,
     GenerationHandler,
@@ -190,6 +190,7 @@ async def _serve(
         handler_cancellation=True,
         shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
         access_log=None,
+        logger=HTTP_LOG,  # a malformed request: one line, not a traceback
         keepalive_timeout=config.header_timeout_s,
         lingering_time=_LINGER_S,
     )

@@ -10,18 +10,45 @@ A request's head must arrive within `--header-timeout` of its connection opening
 previous reply on a kept-alive connection): that is aiohttp's keep-alive timeout, which closes
 a connection still waiting for a complete request head. A body's own deadline is
 `generate.Body.timeout_s`.
+
+A head aiohttp cannot parse (a header line past 8 KiB, a bad request line) is answered 400 by
+aiohttp and logged by `HTTP_LOG` as one line naming the client and what was wrong: the
+client's mistake, not a traceback on the server's stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import resource
 import sys
 from collections.abc import Callable
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 from llmbench.errors import UserError
 from llmbench.serve.protocol import ApiError
+
+
+class _MalformedRequestsInOneLine(logging.Filter):
+    """aiohttp's "Error handling request from <client>" with the traceback of the parse error
+    it answered 400 (an `HttpProcessingError`) becomes one line; any other error keeps its
+    traceback (a server bug is ours to read)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            reason = " ".join(str(error.message).split())[:200].replace("%", "%%")
+            record.msg = f"serve: answered {error.code} to a malformed request from %s: {reason}"
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+# The logger aiohttp's request handler reports errors to (AppRunner's `logger`).
+HTTP_LOG = logging.getLogger("llmbench.serve.http")
+HTTP_LOG.addFilter(_MalformedRequestsInOneLine())
 
 # Descriptors the process holds besides its connections: the listening socket, the standard
 # streams, the --record file, the model's files while they load, torch's and the event loop's

@@ -153,6 +153,36 @@ def test_the_connection_flags_reach_the_server():
     assert b"--body-timeout" in replies[2]
 
 
+def test_a_malformed_request_is_one_line_on_stderr_not_a_traceback():
+    """A header line past aiohttp's 8 KiB, a header without its colon: each answered 400, and
+    on the server's stderr one line naming the client and what was wrong (it was aiohttp's
+    "Error handling request" with a traceback of its parser)."""
+    server = ServerProcess(TINY)
+    try:
+        port = int(server.url.rsplit(":", 1)[1])
+        replies = []
+        for head in (b"X-Big: " + b"a%s" * 5000, b"Host x"):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(b"GET /health HTTP/1.1\r\n" + head + b"\r\n\r\n")
+            replies.append(read_all(sock))
+        assert get(server.url + "/v1/models")[0] == 200  # serving goes on
+    finally:
+        server.stop()
+    stderr = "".join(server.lines) + server.process.stderr.read()
+    assert all(reply.startswith(b"HTTP/1.0 400 ") for reply in replies)
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if "malformed request" in line]
+    assert len(lines) == 2
+    assert lines[0].startswith(
+        "serve: answered 400 to a malformed request from 127.0.0.1: Got more than 8190 bytes "
+        "when reading: b'a%sa%s"
+    )
+    assert lines[1] == (
+        "serve: answered 400 to a malformed request from 127.0.0.1: Invalid header token: "
+        "b'Host x' ^"
+    )
+
+
 def post(url: str, body: dict) -> tuple[int, dict]:
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
