@@ -72,6 +72,18 @@ def parse_side(name: str, items: Sequence[str]) -> Side:
     return Side(name, tuple(overrides), ref, tuple(items))
 
 
+def check_one_run(side: Side, spec: RunSpec) -> None:
+    """A round runs each side once and judges one run against one: a side that sweeps loads
+    (or searches them) is one line before any round, not an error after the first."""
+    for key, value in (("load.sweep", spec.load.sweep), ("load.search", spec.load.search)):
+        if value:
+            raise UserError(
+                f"ab: {side.name} ({side.items}): not with "
+                f"{key}; a round is one run of each side: run one load, or compare two sweeps "
+                "with `llmbench compare`"
+            )
+
+
 def check_reachable(side: Side, spec: RunSpec) -> None:
     """One line and no rounds when a side's server does not answer: a TCP connection to its
     `backend.url` (or any of `backend.urls`), refused or timed out, is a `UserError`."""

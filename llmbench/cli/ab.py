@@ -100,7 +100,7 @@ def ab(
     connections, a round that failed) or no verdict. Ctrl-C stops after the side at hand has
     saved its run; the finished rounds are judged, exit 130."""
     from llmbench.ab import rounds as ab_rounds
-    from llmbench.ab.sides import SIDE_NAMES, check_reachable, parse_side
+    from llmbench.ab.sides import SIDE_NAMES, check_one_run, check_reachable, parse_side
     from llmbench.cli.run import workload_path
     from llmbench.harness.run_folder import claim_folder, default_folder
     from llmbench.harness.spec_load import load_spec
@@ -112,6 +112,7 @@ def ab(
     notes: dict[str, None] = {}  # in order, once: both sides say the common overrides' notes
     for side in sides:
         spec = load_spec(spec_path, [*overrides, *side.overrides], say=notes.setdefault)
+        check_one_run(side, spec)
         check_reachable(side, spec)
         specs.append(spec)
     for note in notes:

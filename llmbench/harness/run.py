@@ -1,5 +1,7 @@
 """`llmbench run`: the output folder checked, then every point of the spec's sweep (one when it
-has no sweep), each in this process (`run_point`) or in worker processes (`run_workers`).
+has no sweep; `load.search`'s points one after another, each load chosen from how the ones
+before met the SLOs: `capacity`), each in this process (`run_point`) or in worker processes
+(`run_workers`).
 
 The folder is claimed and checked before anything slow (`run_folder`: one that holds a run
 already is refused unless `force`); `llmbench quality` of the run's configuration is measured
@@ -14,12 +16,12 @@ line).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from llmbench.errors import BackendFailure
-from llmbench.harness import arrivals, failures, run_point, run_workers, shards
-from llmbench.harness.results import RESULTS_FILE
+from llmbench.harness import arrivals, capacity, failures, run_point, run_workers, shards
+from llmbench.harness.results import RESULTS_FILE, read_results
 from llmbench.harness.run_folder import (
     claim_folder,
     default_folder,
@@ -78,7 +80,7 @@ def _execute_claimed(
         say(f"quality: scoring {spec.model} as the run configures it, before the workload")
         quality = run_quality.of_run(spec, say)
     with StopSignals() as stop:
-        if not spec.load.sweep:
+        if not spec.load.sweep and spec.load.search is None:
             folder, verdict = _execute_point(
                 spec, root, None, write_reports, stop, is_strict, shard, quality
             )
@@ -87,7 +89,7 @@ def _execute_claimed(
             return folder
         verdicts = []
         try:
-            for value in arrivals.sweep_points(list(spec.load.sweep)):
+            for value in _sweep_loads(spec, root):
                 folder = root / f"point-{value:g}"
                 prepare_folder(folder)
                 _, verdict = _execute_point(
@@ -107,6 +109,23 @@ def _execute_claimed(
     if verdicts:
         raise failures.RunFailed("; ".join(verdicts))
     return root
+
+
+def _sweep_loads(spec: RunSpec, root: Path) -> Iterator[float]:
+    """The loads of a sweep's points in the order they run: `load.sweep`'s, ascending; or
+    `load.search`'s, each chosen once the point before it has written its results."""
+    if spec.load.sweep:
+        yield from arrivals.sweep_points(list(spec.load.sweep))
+        return
+    search, met = spec.load.search, {}
+    whole = spec.load.kind == "concurrency"
+    while (value := capacity.next_load(search, met, whole)) is not None:
+        yield value
+        summary = read_results(root / f"point-{value:g}").summary
+        met[value] = capacity.meets_slos(summary)
+        share = summary.get("goodput_fraction")
+        shown = "no measured request" if share is None else f"{share:.0%} of its requests"
+        say(f"search: point-{value:g} {'met' if met[value] else 'missed'} the SLOs ({shown})")
 
 
 def _execute_point(

@@ -103,7 +103,8 @@ def problem(backend_kind: str, load: Any, num_sessions: int, count: int) -> str 
     if num_sessions < count:
         return f"{num_sessions} sessions for {count} processes: each needs at least one session"
     if load.kind == "concurrency":
-        lowest = min([load.concurrency, *(load.sweep or ())])
+        searched = () if load.search is None else (load.search.low,)
+        lowest = min([load.concurrency, *(load.sweep or ()), *searched])
         if lowest < count:
             return f"concurrency {lowest:g} for {count} processes: each needs at least one stream"
     return None
@@ -248,6 +249,11 @@ def from_options(text: str | None, start_unix_s: float | None, spec: Any) -> Sha
             raise UserError("--start-at: only with --shard i/N")
         return None
     index, count = parse_shard(text)
+    if spec.load.search is not None:
+        raise UserError(
+            f"--shard {text}: not with load.search (each load it runs follows from how the one "
+            "before did, which a shard cannot see); search with load.workers instead"
+        )
     if spec.load.workers > 1:
         raise UserError(
             f"--shard {text}: not with load.workers {spec.load.workers}; shard the run one way"

@@ -232,12 +232,25 @@ WorkloadSpec = ChatWorkload | RagWorkload | AgenticWorkload
 
 
 @dataclass(frozen=True)
+class LoadSearch:
+    """The highest load that meets the spec's SLOs, searched between `low` and `high`
+    (concurrencies, or session starts a second): `low` first, then `high`, then the geometric
+    middle of the highest load that met them and the lowest above it that did not, up to
+    `points` runs in all (`harness.capacity`); each a point of a sweep (`point-<value>/`)."""
+
+    low: float
+    high: float
+    points: int = 6
+
+
+@dataclass(frozen=True)
 class ConcurrencyLoad:
     """Closed loop: `concurrency` sessions in flight; the next starts when one ends."""
 
     kind: Literal["concurrency"] = "concurrency"
     concurrency: int = 4
     sweep: tuple[float, ...] | None = None  # concurrencies: one result per point
+    search: LoadSearch | None = None  # concurrencies: the highest that meets the SLOs
     workers: int = 1  # client processes the schedule is sharded across (openai backend)
 
 
@@ -246,8 +259,9 @@ class RateLoad:
     """Open loop: sessions start at `rate_per_s`, evenly spaced or as a Poisson process."""
 
     kind: Literal["constant", "poisson"] = "poisson"
-    rate_per_s: float | None = None  # required unless `sweep` gives the rates
+    rate_per_s: float | None = None  # required unless `sweep` or `search` gives the rates
     sweep: tuple[float, ...] | None = None  # rates: one result per point
+    search: LoadSearch | None = None  # rates: the highest that meets the SLOs
     workers: int = 1  # client processes the schedule is sharded across (openai backend)
 
 
@@ -256,9 +270,10 @@ class GammaLoad:
     """Open loop with gamma-distributed gaps between session starts (shape = burstiness)."""
 
     kind: Literal["gamma"] = "gamma"
-    rate_per_s: float | None = None  # required unless `sweep` gives the rates
+    rate_per_s: float | None = None  # required unless `sweep` or `search` gives the rates
     burstiness: float = 1.0  # gamma shape; 1 = Poisson, < 1 burstier
     sweep: tuple[float, ...] | None = None  # rates: one result per point
+    search: LoadSearch | None = None  # rates: the highest that meets the SLOs
     workers: int = 1  # client processes the schedule is sharded across (openai backend)
 
 
@@ -278,6 +293,11 @@ class TraceLoad:
     @property
     def sweep(self) -> None:
         """A trace replays one schedule: it has no sweep."""
+        return None
+
+    @property
+    def search(self) -> None:
+        """A trace replays one schedule: it has no load to search."""
         return None
 
 
@@ -316,6 +336,10 @@ NOT_THE_BENCHMARK = (
     "backend.request_id_header",
     "backend.server_log",
 )
+
+# Spec keys added after runs were recorded without them, hashed only when set: a spec that does
+# not use them hashes as it did, so runs from before them still compare.
+HASHED_WHEN_SET = ("load.search",)
 
 
 @dataclass(frozen=True)
@@ -361,5 +385,10 @@ class RunSpec:
         for key in NOT_THE_BENCHMARK:
             section, _, name = key.rpartition(".")
             (fields[section] if section else fields).pop(name, None)
+        for key in HASHED_WHEN_SET:
+            section, _, name = key.rpartition(".")
+            holder = fields[section] if section else fields
+            if holder.get(name) is None:
+                holder.pop(name, None)
         text = json.dumps(fields, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

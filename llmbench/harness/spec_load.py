@@ -19,6 +19,7 @@ refused with the limit named: `workload.sessions: at most 100,000 (a limit of ll
 from __future__ import annotations
 
 import dataclasses
+import math
 import string
 import sys
 import typing
@@ -262,6 +263,8 @@ def _check(spec: RunSpec) -> None:
     """Values that are well-typed but impossible, or beyond what llmbench expands."""
     _check_workload(spec.workload)
     _check_load(spec.load)
+    if spec.load.search is not None and not spec.slo:
+        raise SpecError("load.search", "searches for the highest load that meets slo.*; set one")
     _check_limits(spec)
     if spec.load.workers < 1:
         raise SpecError("load.workers", f"must be >= 1, got {spec.load.workers}")
@@ -547,7 +550,7 @@ def _check_load(load: LoadSpec) -> None:
     if isinstance(load, ConcurrencyLoad) and load.concurrency <= 0:
         raise SpecError("load.concurrency", f"must be > 0, got {load.concurrency}")
     if isinstance(load, (RateLoad, GammaLoad)):
-        if load.rate_per_s is None and not load.sweep:
+        if load.rate_per_s is None and not load.sweep and load.search is None:
             raise SpecError("load.rate_per_s", f"required for load kind '{load.kind}'")
         if load.rate_per_s is not None and load.rate_per_s <= 0:
             raise SpecError("load.rate_per_s", f"must be > 0, got {load.rate_per_s}")
@@ -557,3 +560,23 @@ def _check_load(load: LoadSpec) -> None:
         raise SpecError("load.trace", "required for load kind 'trace'")
     if load.sweep is not None and (not load.sweep or any(v <= 0 for v in load.sweep)):
         raise SpecError("load.sweep", "must be a non-empty list of values > 0")
+    if load.search is not None:
+        _check_search(load)
+
+
+def _check_search(load: LoadSpec) -> None:
+    search = load.search
+    if load.sweep:
+        raise SpecError("load.search", "not with load.sweep: give the loads or a range to search")
+    if not (0 < search.low < search.high and math.isfinite(search.high)):
+        raise SpecError(
+            "load.search", f"needs 0 < low < high, got low {search.low}, high {search.high}"
+        )
+    if isinstance(load, ConcurrencyLoad) and not (
+        float(search.low).is_integer() and float(search.high).is_integer()
+    ):
+        raise SpecError("load.search", "low and high are concurrencies: whole numbers")
+    if not 2 <= search.points <= MAX_SWEEP_POINTS:
+        raise SpecError(
+            "load.search.points", f"must be 2 .. {MAX_SWEEP_POINTS}, got {search.points}"
+        )

@@ -41,6 +41,10 @@ NOT_WITH_SWEEP = (
     "not with variants: each variant is one run; drop load.sweep, or sweep each configuration "
     "in its own run"
 )
+NOT_WITH_SEARCH = (
+    "not with variants: each variant is one run; drop load.search, or search each "
+    "configuration in its own run"
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ def load_variants(
         base = build_spec(data)
         if (listed is not None or vary) and base.load.sweep:
             raise SpecError("load.sweep", NOT_WITH_SWEEP)
+        if (listed is not None or vary) and base.load.search is not None:
+            raise SpecError("load.search", NOT_WITH_SEARCH)
     except SpecError as e:
         raise source.error(e) from None
     if listed is None and not vary:
@@ -216,6 +222,8 @@ def variant_spec(
         spec = build_spec(resolved)
         if spec.load.sweep:
             raise SpecError("load.sweep", NOT_WITH_SWEEP)
+        if spec.load.search is not None:
+            raise SpecError("load.search", NOT_WITH_SEARCH)
     except SpecError as e:
         raise blame(owner(e.path, list(settings)), e) from None
     return spec

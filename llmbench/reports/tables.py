@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from llmbench.harness import failures, metrics, summary_lines
+from llmbench.harness import capacity, failures, metrics, summary_lines
 from llmbench.harness.spread import metric_value
 from llmbench.reports.rundata import RunData
 
@@ -484,9 +484,6 @@ SWEEP_HEADER = (
 )
 # With SLOs (`spec.slo`): the requests a second that met every one, and their share.
 SLO_HEADER = ("goodput req/s", "SLOs met")
-# A sweep's capacity: the highest load at which at least this share of the measured requests
-# met every SLO (the attainment DistServe's goodput is taken at).
-SLO_ATTAINMENT = 0.9
 
 
 def _slo_limits(points: list[RunData]) -> dict[str, float]:
@@ -521,13 +518,14 @@ def sweep_rows(points: list[RunData]) -> list[list[str]]:
 
 
 def sweep_capacity(points: list[RunData]) -> str | None:
-    """With SLOs, the sweep's answer to "how much load meets them": the highest point at which
-    at least SLO_ATTAINMENT of the requests met every SLO, or that none did and which came
-    closest; None without SLOs."""
+    """With SLOs, the sweep's (or search's) answer to "how much load meets them": the highest
+    point that met them (`capacity.meets_slos`), or that none did and which came closest; None
+    without SLOs."""
     limits = _slo_limits(points)
     if not limits:
         return None
     slos = ", ".join(f"{metric} ≤ {limit:g}" for metric, limit in limits.items())
+    share = f"{capacity.SLO_ATTAINMENT:.0%}"
     by_concurrency = ((points[0].results.get("spec") or {}).get("load") or {}).get("kind") == (
         "concurrency"
     )
@@ -539,11 +537,11 @@ def sweep_capacity(points: list[RunData]) -> str | None:
     def met(run: RunData) -> float:
         return run.summary.get("goodput_fraction") or 0.0
 
-    passing = [run for run in points if met(run) >= SLO_ATTAINMENT]
+    passing = [run for run in points if capacity.meets_slos(run.summary)]
     if not passing:
         best = max(points, key=met)
         return (
-            f"no point met the SLOs ({slos}) for {SLO_ATTAINMENT:.0%} of its requests; the "
+            f"no point met the SLOs ({slos}) for {share} of its requests; the "
             f"closest: {load(best)} ({percent(met(best))})"
         )
 
@@ -554,7 +552,7 @@ def sweep_capacity(points: list[RunData]) -> str | None:
     goodput = top.summary.get("goodput_request_per_s")
     edge = "; the highest tried: the edge lies past it" if top is max(points, key=value) else ""
     return (
-        f"highest load that met the SLOs ({slos}) for {SLO_ATTAINMENT:.0%} of its requests: "
+        f"highest load that met the SLOs ({slos}) for {share} of its requests: "
         f"{load(top)}, {num(goodput, 2)} good req/s ({percent(met(top))} met){edge}"
     )
 

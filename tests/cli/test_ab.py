@@ -105,6 +105,12 @@ def test_mistakes_are_one_line_and_run_nothing(tmp_path):
     assert "--base 'quantize': expected KEY.PATH=VALUE" in item
     bad_set = _one_error_line(ab("chat", *QUICK, "--new", "load.concurrency=-1", "--out", out))
     assert "--set load.concurrency=-1: load.concurrency" in bad_set
+    # A round is one run a side: a sweep ran its points, then failed reading the first round
+    sweep = _one_error_line(ab("chat", *QUICK, "--set", "load.sweep=[1,2]", "--out", out))
+    assert sweep.startswith("error: ab: BASE (the spec as it is): not with load.sweep; a round")
+    search = ["--new", "load.search.low=1", "--new", "load.search.high=2"]
+    searched = _one_error_line(ab("chat", *QUICK, *search, "--out", out))
+    assert "NEW (load.search.low=1 load.search.high=2): not with load.search;" in searched
     assert not out.exists()
 
 

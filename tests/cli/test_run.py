@@ -184,8 +184,8 @@ def test_report_refuses_an_unknown_schema_version_in_one_line(tmp_path):
         result = llmbench(command, str(tmp_path))
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip() == (
-            f"error: {path}: results schema_version 99; this llmbench reads 1, 2, 3, 4, 5, 6, 7: "
-            "upgrade llmbench to read it"
+            f"error: {path}: results schema_version 99; this llmbench reads 1, 2, 3, 4, 5, 6, 7, "
+            "8: upgrade llmbench to read it"
         )
 
 
@@ -542,6 +542,55 @@ def test_a_set_kind_and_a_sweep_say_what_was_dropped_and_end_with_a_table_and_th
     # Each point's own summary is on stderr; stdout holds the folders and the table.
     assert result.stderr.count(" requests completed, ") == 2
     assert lines[:2] == [str(out / "point-1"), str(out / "point-2")]
+
+
+@pytest.mark.parametrize(
+    ("slo_ms", "points", "verdicts", "capacity"),
+    [
+        # SLOs every request meets: 1 met, 3 met, the edge lies past the range
+        ("1000000", [1, 3], ["met", "met"], "concurrency 3, "),
+        # a TTFT no request meets: 1 missed, nothing lower to try
+        ("0.001", [1], ["missed"], "no point met the SLOs (ttft_ms ≤ 0.001, tpot_ms ≤ "),
+    ],
+)
+def test_a_load_search_runs_its_ends_first_and_stops_where_they_answer(
+    tmp_path, slo_ms, points, verdicts, capacity
+):
+    """`load.search` between concurrency 1 and 3: the points it ran, what each did against the
+    SLOs (stderr), and the sweep's line naming the highest load that met them (stdout). The
+    middle of the range is `capacity.next_load`'s (tests/harness/test_capacity.py)."""
+    out = tmp_path / "search"
+    small = ["workload.sessions=2", "workload.turns=2", "workload.think_time_s=0.01"]
+    search = ["load.kind=concurrency", "load.search.low=1", "load.search.high=3"]
+    sets = [*small, "workload.output_tokens=4", *search, f"slo.ttft_ms={slo_ms}"]
+    result = llmbench(
+        "run", "chat", *TINY, *[p for s in sets for p in ("--set", s)], "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.glob("point-*")) == [f"point-{p}" for p in points]
+    said = [line for line in result.stderr.splitlines() if line.startswith("search: ")]
+    assert [line.split()[2] for line in said] == verdicts
+    assert [line.split()[1] for line in said] == [f"point-{p}" for p in points]
+    lines = result.stdout.splitlines()
+    assert lines[-1] == str(out)
+    assert capacity in lines[-2]
+    assert lines[-2] == tables.sweep_capacity(rundata.sweep_points(out))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            ["--vary", "engine.quantize=none,int8"],
+            "load.search: not with variants: each variant is one run; drop load.search",
+        ),
+        (["--shard", "0/2"], "--shard 0/2: not with load.search (each load it runs follows"),
+    ],
+)
+def test_a_load_search_is_one_configuration_in_one_process(tmp_path, options, message):
+    search = ["--set", "load.search.low=1", "--set", "load.search.high=4"]
+    result = llmbench("run", "chat", *TINY, *search, *options, "--out", str(tmp_path / "x"))
+    assert_user_error(result, message)
 
 
 def test_an_out_that_holds_a_run_is_refused_and_force_replaces_it(tmp_path):

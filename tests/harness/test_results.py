@@ -91,7 +91,7 @@ def test_round_trip_write_read_equal(tmp_path):
     result = a_result()
     path = results.write_results(tmp_path, result)
     assert path == tmp_path / "results.json"
-    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 7
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 8
     assert results.read_results(tmp_path) == result
     assert results.read_results(path) == result  # the file or its folder
     assert not (tmp_path / "results.json.tmp").exists()  # written atomically
@@ -117,7 +117,7 @@ def _write(tmp_path, data) -> None:
 @pytest.mark.parametrize(
     "version, found, hint",
     [
-        (8, "8", "upgrade llmbench to read it"),
+        (9, "9", "upgrade llmbench to read it"),
         (99, "99", "upgrade llmbench to read it"),
         (0, "0", "is it an llmbench results file?"),
         ("2", "'2'", "is it an llmbench results file?"),
@@ -135,7 +135,8 @@ def test_an_unknown_schema_version_is_refused_in_one_line(tmp_path, version, fou
         results.read_results(tmp_path)
     path = tmp_path / "results.json"
     assert str(error.value) == (
-        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5, 6, 7: {hint}"
+        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5, 6, 7, 8: "
+        f"{hint}"
     )
 
 
@@ -188,7 +189,7 @@ def test_version_2_is_migrated_as_one_repetition(tmp_path):
     assert migrated.provenance == whole.provenance and migrated.roofline == whole.roofline
     # Written back, it is a version-3 file that reads the same.
     results.write_results(tmp_path, migrated)
-    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 7
+    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 8
     assert results.read_results(tmp_path) == migrated
 
 
@@ -357,3 +358,21 @@ def test_weights_on_huge_pages_round_trip_and_a_version_6_file_reads_them_as_not
     del data["provenance"]["device"]["weights_on_huge_pages"]
     _write(tmp_path, data)
     assert results.read_results(tmp_path).provenance.device.weights_on_huge_pages is None
+
+
+def test_a_version_7_file_reads_as_8_its_spec_without_a_load_search(tmp_path):
+    """Version 8 added `spec.load.search`; a version-7 spec lacks it (it ran no search) and
+    the file reads as it is, its spec as a spec without a search."""
+    from llmbench.harness.spec import RunSpec
+    from llmbench.harness.spec_load import spec_from_dict
+
+    result = dataclasses.replace(a_result(), spec=RunSpec().to_dict())
+    results.write_results(tmp_path, result)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["spec"]["load"]["search"] is None
+    data["schema_version"] = 7
+    del data["spec"]["load"]["search"]
+    _write(tmp_path, data)
+    read = results.read_results(tmp_path)
+    assert read.spec == data["spec"]
+    assert spec_from_dict(dict(read.spec), "v7").load.search is None

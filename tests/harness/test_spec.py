@@ -205,6 +205,7 @@ def test_to_dict_holds_the_kind_and_its_fields_only(tmp_path):
         "kind": "concurrency",
         "concurrency": 4,
         "sweep": None,
+        "search": None,
         "workers": 1,
     }
     trace = load_spec(write(tmp_path, "load: {kind: trace, trace: t.jsonl}\n"))

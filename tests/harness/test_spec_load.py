@@ -345,3 +345,43 @@ def test_the_shipped_workloads_are_plain_yaml_within_the_limits(name):
     path = SHIPPED / f"{name}.yaml"
     check_plain(path.read_text(), str(path))  # no anchors, no aliases
     assert load_spec(path, [], lambda _: None).workload.kind == name
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["load.search.low=1"], "load.search.high: missing"),
+        (["load.search.low=4", "load.search.high=2"], "needs 0 < low < high, got low 4.0"),
+        (
+            ["load.kind=concurrency", "load.search.low=1.5", "load.search.high=8"],
+            "low and high are concurrencies: whole numbers",
+        ),
+        (
+            ["load.search.low=1", "load.search.high=8", "load.search.points=1"],
+            "load.search.points: must be 2 .. 100, got 1",
+        ),
+        (
+            ["load.search.low=1", "load.search.high=8", "load.sweep=[1,2]"],
+            "not with load.sweep: give the loads or a range to search",
+        ),
+        (
+            ["load.search.low=1", "load.search.high=8", "slo={}"],
+            "searches for the highest load that meets slo.*; set one",
+        ),
+    ],
+)
+def test_a_load_search_is_checked(sets, message):
+    assert message in error_of(CHAT, sets)
+
+
+def test_a_load_search_needs_no_rate_and_leaves_the_hash_of_a_spec_without_one():
+    spec = load_spec(CHAT, ["load.rate_per_s=null", "load.search.low=0.5", "load.search.high=8"])
+    assert (spec.load.search.low, spec.load.search.high, spec.load.search.points) == (0.5, 8, 6)
+    assert spec.load.rate_per_s is None
+    # The hashes of the shipped chat workload and of the default spec before load.search
+    # existed (llmbench at b7efc05): runs recorded then still compare with runs now.
+    assert load_spec(CHAT).hash() == "b1adec7f914905ac"
+    from llmbench.harness.spec import RunSpec
+
+    assert RunSpec().hash() == "81b284dbca759ef8"
+    assert spec.hash() != load_spec(CHAT).hash()  # a search is part of what is measured
