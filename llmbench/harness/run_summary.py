@@ -197,6 +197,8 @@ def finish(
         max_failed_fraction=start.spec.get("max_failed_fraction", DEFAULT_MAX_FAILED_FRACTION),
         shared_tokens=start.provenance.shared_prefix_tokens,
         roofline=start.roofline,
+        spec=start.spec,
+        sweep_point=start.sweep_point,
     )
     roofs = start.roofline.roofs if start.roofline is not None else None
     if roofs is not None:  # an achieved rate above its roof: no MBU/MFU, this line instead

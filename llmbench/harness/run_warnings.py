@@ -3,7 +3,8 @@
 
 Each check is a small pure function over the run's records and summary; `run_warnings` lists
 the lines in a fixed order: failures, the machine's load, the server's behaviour (ignore_eos,
-usage, prefix cache), token counts, the weight bytes an estimated roofline assumed.
+usage, prefix cache), token counts, the weight bytes an estimated roofline assumed, a closed
+loop asked for more sessions in flight than its workload has.
 """
 
 from __future__ import annotations
@@ -172,6 +173,23 @@ def assumed_weights_line(roofline: Roofline | None) -> str | None:
     )
 
 
+def concurrency_line(spec: Mapping[str, Any], sweep_point: float | None) -> str | None:
+    """A closed loop whose concurrency (the sweep point's, or `load.concurrency`) is above the
+    workload's sessions: no more than the sessions were ever in flight, so the run measured
+    less load than it names (a sweep's or search's point above them too)."""
+    load = spec.get("load") or {}
+    if load.get("kind") != "concurrency":
+        return None
+    concurrency = int(sweep_point or load.get("concurrency") or 0)
+    sessions = (spec.get("workload") or {}).get("sessions") or 0
+    if concurrency <= sessions:
+        return None
+    return (
+        f"concurrency {concurrency} asked, but the workload has {sessions} sessions: at most "
+        f"{sessions} were in flight; set workload.sessions to {concurrency} or more to reach it"
+    )
+
+
 def run_warnings(
     records: Sequence[RequestRecord],
     summary: Mapping[str, Any],
@@ -181,6 +199,8 @@ def run_warnings(
     max_failed_fraction: float,
     shared_tokens: int | None,
     roofline: Roofline | None = None,
+    spec: Mapping[str, Any] | None = None,
+    sweep_point: float | None = None,
 ) -> list[str]:
     """Every warning of a run, one line each, in a fixed order (`summary.warnings`)."""
     lines = [
@@ -191,5 +211,6 @@ def run_warnings(
         warm_cache_line(records, shared_tokens),
         mismatch_line(summary),
         assumed_weights_line(roofline),
+        concurrency_line(spec or {}, sweep_point),
     ]
     return [line for line in lines if line is not None]

@@ -265,6 +265,13 @@ def _check(spec: RunSpec) -> None:
     _check_load(spec.load)
     if spec.load.search is not None and not spec.slo:
         raise SpecError("load.search", "searches for the highest load that meets slo.*; set one")
+    sessions = spec.workload.sessions
+    if spec.load.kind == "concurrency" and spec.load.search and spec.load.search.high > sessions:
+        raise SpecError(
+            "load.search.high",
+            f"concurrency {spec.load.search.high:g} is past workload.sessions ({sessions}): a "
+            "closed loop never has more in flight; raise workload.sessions",
+        )
     _check_limits(spec)
     if spec.load.workers < 1:
         raise SpecError("load.workers", f"must be >= 1, got {spec.load.workers}")

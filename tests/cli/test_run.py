@@ -560,7 +560,7 @@ def test_a_load_search_runs_its_ends_first_and_stops_where_they_answer(
     SLOs (stderr), and the sweep's line naming the highest load that met them (stdout). The
     middle of the range is `capacity.next_load`'s (tests/harness/test_capacity.py)."""
     out = tmp_path / "search"
-    small = ["workload.sessions=2", "workload.turns=2", "workload.think_time_s=0.01"]
+    small = ["workload.sessions=3", "workload.turns=2", "workload.think_time_s=0.01"]
     search = ["load.kind=concurrency", "load.search.low=1", "load.search.high=3"]
     sets = [*small, "workload.output_tokens=4", *search, f"slo.ttft_ms={slo_ms}"]
     result = llmbench(

@@ -11,6 +11,7 @@ from llmbench.harness.run_warnings import (
     WARM_CACHE_SLACK_TOKENS,
     assumed_weights_line,
     busy_line,
+    concurrency_line,
     first_turn_shared_tokens,
     ignore_eos_line,
     run_warnings,
@@ -221,3 +222,24 @@ def test_assumed_weight_bytes_are_a_warning():
         roofline=roofline(None),
     )
     assert lines == [line]
+
+
+def test_a_closed_loop_above_its_sessions_is_a_warning():
+    """chat.yaml has 8 sessions: a search to concurrency 32 named 32 the edge, having never
+    had more than 8 in flight."""
+    spec = {"load": {"kind": "concurrency", "concurrency": 4}, "workload": {"sessions": 8}}
+    assert concurrency_line(spec, None) is None
+    assert concurrency_line(spec, 8.0) is None
+    assert concurrency_line(spec, 32.0) == (
+        "concurrency 32 asked, but the workload has 8 sessions: at most 8 were in flight; set "
+        "workload.sessions to 32 or more to reach it"
+    )
+    spec["load"]["concurrency"] = 12  # no sweep: the load's own
+    assert concurrency_line(spec, None).startswith("concurrency 12 asked, but")
+    open_loop = {"load": {"kind": "poisson", "rate_per_s": 30}, "workload": {"sessions": 8}}
+    assert concurrency_line(open_loop, 30.0) is None
+    lines = run_warnings(
+        [req()], summarize([req()]), MachineLoad(2, 0, 0, 0, 0, False), backend="engine",
+        max_failed_fraction=0.05, shared_tokens=None, spec=spec,
+    )  # fmt: skip
+    assert lines[-1].startswith("concurrency 12 asked")  # the last line of the run's warnings

@@ -368,6 +368,10 @@ def test_the_shipped_workloads_are_plain_yaml_within_the_limits(name):
             ["load.search.low=1", "load.search.high=8", "slo={}"],
             "searches for the highest load that meets slo.*; set one",
         ),
+        (  # chat.yaml has 8 sessions: a closed loop never has more than 8 in flight
+            ["load.kind=concurrency", "load.search.low=1", "load.search.high=32"],
+            "load.search.high: concurrency 32 is past workload.sessions (8): a closed loop",
+        ),
     ],
 )
 def test_a_load_search_is_checked(sets, message):
