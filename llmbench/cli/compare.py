@@ -121,6 +121,8 @@ def compare(
     for pair in pairs:
         for line in _notes(pair, uses_latency, uses_repetitions):
             click.echo(f"note: {line}", err=True)
+    for line in _capacity_notes(pairs):
+        click.echo(f"note: {line}", err=True)
     emit_verdicts(points, pairs, fmt, junit_path, html_path)
 
 
@@ -242,6 +244,24 @@ def _default_gates(pair: RunPair) -> tuple[Gate, ...]:
             err=True,
         )
     return gates
+
+
+def _capacity_notes(pairs: list[RunPair]) -> list[str]:
+    """Two sweeps with SLOs: each side's highest load that met them, over the points compared
+    (`capacity.capacity_line`); the gates judge each point, these lines the whole sweep."""
+    from llmbench.harness import capacity
+
+    if not pairs or pairs[0].point is None:
+        return []
+    lines = []
+    for side, runs in (
+        ("BASE", [pair.baseline.result for pair in pairs]),
+        ("NEW", [pair.new.result for pair in pairs]),
+    ):
+        line = capacity.capacity_line(runs)
+        if line is not None:
+            lines.append(f"{side}: {line}")
+    return lines
 
 
 def _notes(pair: RunPair, uses_latency: bool, uses_repetitions: bool) -> list[str]:

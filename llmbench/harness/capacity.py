@@ -1,5 +1,5 @@
-"""How much load meets the SLOs: when a point of a sweep met them, and where `load.search` runs
-its next point.
+"""How much load meets the SLOs: when a point of a sweep met them, the sweep's answer
+(`capacity_line`), and where `load.search` runs its next point.
 
 A point met its SLOs when at least `SLO_ATTAINMENT` of its measured requests met every one of
 them (`summary.goodput_fraction`; the attainment DistServe takes goodput at). A search runs its
@@ -14,10 +14,13 @@ early when the two loads are next to each other: concurrencies 1 apart, rates wi
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from llmbench.harness.spec import LoadSearch
+
+if TYPE_CHECKING:  # type hints only
+    from llmbench.harness.results import RunResult
 
 SLO_ATTAINMENT = 0.9
 CLOSE_ENOUGH = 1.05  # rates: the search ends when the lowest miss is within 5% of the best hit
@@ -49,3 +52,46 @@ def next_load(search: LoadSearch, met: Mapping[float, bool], whole: bool) -> flo
         return None if middle in (best, miss) else middle
     middle = float(f"{middle:.3g}")
     return None if miss <= best * CLOSE_ENOUGH or middle in (best, miss) else middle
+
+
+def slo_limits(result: RunResult) -> dict[str, float]:
+    """A run's SLOs (`spec.slo`: metric → limit in ms); {} without."""
+    return dict(result.spec.get("slo") or {})
+
+
+def capacity_line(points: Sequence[RunResult]) -> str | None:
+    """With SLOs, a sweep's (or search's) answer to "how much load meets them": the highest
+    point that met them (`meets_slos`), and whether the edge lies past the highest load tried;
+    or that none did and which came closest. None without SLOs or points."""
+    limits = slo_limits(points[0]) if points else {}
+    if not limits:
+        return None
+    slos = ", ".join(f"{metric} ≤ {limit:g}" for metric, limit in limits.items())
+    share = f"{SLO_ATTAINMENT:.0%}"
+    by_concurrency = (points[0].spec.get("load") or {}).get("kind") == "concurrency"
+
+    def load(point: RunResult) -> str:
+        value = point.sweep_point or 0.0
+        return f"concurrency {value:g}" if by_concurrency else f"{value:g} requests/s"
+
+    def met(point: RunResult) -> float:
+        return point.summary.get("goodput_fraction") or 0.0
+
+    def value(point: RunResult) -> float:
+        return point.sweep_point or 0.0
+
+    passing = [point for point in points if meets_slos(point.summary)]
+    if not passing:
+        best = max(points, key=met)
+        return (
+            f"no point met the SLOs ({slos}) for {share} of its requests; the closest: "
+            f"{load(best)} ({met(best):.1%})"
+        )
+    top = max(passing, key=value)
+    goodput = top.summary.get("goodput_request_per_s")
+    shown = "-" if goodput is None else f"{goodput:,.2f}"
+    edge = "; the highest tried: the edge lies past it" if top is max(points, key=value) else ""
+    return (
+        f"highest load that met the SLOs ({slos}) for {share} of its requests: {load(top)}, "
+        f"{shown} good req/s ({met(top):.1%} met){edge}"
+    )

@@ -486,19 +486,19 @@ SWEEP_HEADER = (
 SLO_HEADER = ("goodput req/s", "SLOs met")
 
 
-def _slo_limits(points: list[RunData]) -> dict[str, float]:
-    """The sweep's SLOs (every point runs the same spec but for its load)."""
-    return dict((points[0].results.get("spec") or {}).get("slo") or {}) if points else {}
+def _has_slos(points: list[RunData]) -> bool:
+    """Whether the sweep has SLOs (every point runs the same spec but for its load)."""
+    return bool(points) and bool(capacity.slo_limits(points[0].result))
 
 
 def sweep_header(points: list[RunData]) -> tuple[str, ...]:
-    return SWEEP_HEADER + (SLO_HEADER if _slo_limits(points) else ())
+    return SWEEP_HEADER + (SLO_HEADER if _has_slos(points) else ())
 
 
 def sweep_rows(points: list[RunData]) -> list[list[str]]:
     """A row per sweep point: its load value, throughput, latency percentiles, decode MBU, and
     with SLOs its goodput and the share of requests that met them (`sweep_header`)."""
-    with_slo = bool(_slo_limits(points))
+    with_slo = _has_slos(points)
     rows = []
     for run in points:
         s = run.summary
@@ -518,43 +518,8 @@ def sweep_rows(points: list[RunData]) -> list[list[str]]:
 
 
 def sweep_capacity(points: list[RunData]) -> str | None:
-    """With SLOs, the sweep's (or search's) answer to "how much load meets them": the highest
-    point that met them (`capacity.meets_slos`), or that none did and which came closest; None
-    without SLOs."""
-    limits = _slo_limits(points)
-    if not limits:
-        return None
-    slos = ", ".join(f"{metric} ≤ {limit:g}" for metric, limit in limits.items())
-    share = f"{capacity.SLO_ATTAINMENT:.0%}"
-    by_concurrency = ((points[0].results.get("spec") or {}).get("load") or {}).get("kind") == (
-        "concurrency"
-    )
-
-    def load(run: RunData) -> str:
-        value = run.results.get("sweep_point")
-        return f"concurrency {value:g}" if by_concurrency else f"{value:g} requests/s"
-
-    def met(run: RunData) -> float:
-        return run.summary.get("goodput_fraction") or 0.0
-
-    passing = [run for run in points if capacity.meets_slos(run.summary)]
-    if not passing:
-        best = max(points, key=met)
-        return (
-            f"no point met the SLOs ({slos}) for {share} of its requests; the "
-            f"closest: {load(best)} ({percent(met(best))})"
-        )
-
-    def value(run: RunData) -> float:
-        return run.results.get("sweep_point") or 0.0
-
-    top = max(passing, key=value)
-    goodput = top.summary.get("goodput_request_per_s")
-    edge = "; the highest tried: the edge lies past it" if top is max(points, key=value) else ""
-    return (
-        f"highest load that met the SLOs ({slos}) for {share} of its requests: "
-        f"{load(top)}, {num(goodput, 2)} good req/s ({percent(met(top))} met){edge}"
-    )
+    """The sweep's line on the highest load that met its SLOs (`capacity.capacity_line`)."""
+    return capacity.capacity_line([run.result for run in points])
 
 
 def speculative_rows(run: RunData) -> list[tuple[str, str]]:

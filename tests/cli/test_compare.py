@@ -340,6 +340,24 @@ def test_sweeps_are_compared_point_by_point(tmp_path):
     assert "the sweeps' points differ: only BASE has point-2; only NEW has point-4" in line
 
 
+def test_two_sweeps_with_slos_name_each_sides_highest_load_that_met_them(tmp_path):
+    """The gates judge point by point; a note says what each whole sweep takes within its SLOs
+    (`capacity.capacity_line`)."""
+    from tests.reports.test_sweep_capacity import write_sweep as write_slo_sweep
+
+    write_slo_sweep(tmp_path / "base", {1: 1.0, 2: 0.95, 4: 0.5})
+    write_slo_sweep(tmp_path / "new", {1: 0.97, 2: 0.6, 4: 0.2})
+    result = compare(tmp_path / "base", tmp_path / "new")
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    limits = "(ttft_ms ≤ 200, tpot_ms ≤ 50) for 90% of its requests"
+    assert notes[-2:] == [
+        f"note: BASE: highest load that met the SLOs {limits}: concurrency 2, 3.80 good req/s "
+        "(95.0% met)",
+        f"note: NEW: highest load that met the SLOs {limits}: concurrency 1, 1.94 good req/s "
+        "(97.0% met)",
+    ]
+
+
 def test_the_html_diff_is_written(runs, tmp_path):
     page = tmp_path / "diff.html"
     assert compare(runs["base"], runs["slower"], "--html", page).returncode == 1
