@@ -83,7 +83,8 @@ def runs_in(folder: Path) -> dict[str | None, RunData]:
         runs: dict[str | None, RunData] = {}
         for entry in variant_index.read_index(folder).variants:
             sub = folder / entry.folder
-            if (sub / results.RESULTS_FILE).is_file() or sweep_points(sub):
+            ran = (sub / results.RESULTS_FILE).is_file()
+            if ran or any(sub.glob(f"point-*/{results.RESULTS_FILE}")):  # a run, or a sweep
                 for where, run in runs_in(sub).items():
                     runs[entry.folder if where is None else f"{entry.folder}/{where}"] = run
         if not runs:

@@ -186,6 +186,14 @@ def kv_heads_per_device(config: ModelConfig, tp: int) -> int:
     return max(1, kv_heads // tp)
 
 
+def kv_bytes_per_position(config: ModelConfig, kv_bytes_per_elem: float, tp: int = 1) -> float:
+    """K and V of one position over every layer, on one of `tp` devices.
+
+    Formula: 2 · head_dim · `kv_heads_per_device` · kv_bytes_per_elem · layers."""
+    kv_heads = kv_heads_per_device(config, tp)
+    return 2 * config.head_dim * kv_heads * kv_bytes_per_elem * config.num_layers
+
+
 def replicated_kv_width(config: ModelConfig, tp: int) -> float:
     """Output columns of k_proj and v_proj that each device holds beyond a 1/tp share: 0, or
     where KV heads are replicated (tp > num_kv_heads), 2·d·(1 − num_kv_heads / tp)."""
@@ -281,8 +289,7 @@ def step_cost(config: ModelConfig, step: StepShape) -> Cost:
     tp = step.tp
     h, v, num_layers = config.hidden_size, config.vocab_size, config.num_layers
     bpp, kv_bytes = step.weight_bytes_per_param, step.kv_bytes_per_elem
-    kv_heads = kv_heads_per_device(config, tp)  # raises where tp does not shard the heads
-    replicated = replicated_kv_width(config, tp)
+    replicated = replicated_kv_width(config, tp)  # raises where tp does not shard the heads
     num_tokens, num_rows = step.num_tokens, step.num_logit_rows
 
     # --- FLOPs -------------------------------------------------------------------------------
@@ -326,8 +333,8 @@ def step_cost(config: ModelConfig, step: StepShape) -> Cost:
     # MoE decode bytes grow with the batch until every expert is read.
     expert_bytes = bpp * sum(experts_touched(config, step)) * expert_params(config) / tp
 
-    # K and V of one position in one layer on one device: 2·d elements a KV head it holds.
-    kv_elem_bytes = 2 * config.head_dim * kv_heads * kv_bytes * num_layers
+    # K and V of one position on one device: 2·d elements a KV head it holds, every layer.
+    kv_elem_bytes = kv_bytes_per_position(config, kv_bytes, tp)
     # Read: each sequence's whole context once per layer (a fused attention kernel streams the
     # context once for all of its queries): prefill s + n positions, decode c positions.
     positions_read = sum(s + n for s, n in step.prefill) + sum(step.decode_context_lens)

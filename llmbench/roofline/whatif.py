@@ -35,11 +35,10 @@ def whatif_rows(
     of `decode_cost(batch, context)`; decode_tok_per_s = batch / step seconds; ttft_ms_bound =
     the same bound of one prefill of `context` tokens; experts_touched_per_layer =
     E·(1 − (1 − k/E)^batch) for a MoE model (None when dense); kv_bytes_per_seq = context ·
-    2·L·d·kv_dev·kv_bytes, one device's K/V of a sequence (kv_dev: `kv_heads_per_device`).
+    `kv_bytes_per_position`, one device's K/V of a sequence.
     """
     wbytes, kvbytes = weight_bytes_per_param, kv_bytes_per_elem
-    kv_heads = cost_model.kv_heads_per_device(config, tp)  # raises where tp does not shard
-    kv_bytes_per_position = 2 * config.num_layers * config.head_dim * kv_heads * kvbytes
+    kv_bytes_per_position = cost_model.kv_bytes_per_position(config, kvbytes, tp)  # or raises
     rows = []
     for ctx in contexts:
         prefill = cost_model.step_cost(
