@@ -12,6 +12,8 @@ import torch
 from hypothesis import settings
 
 from llmbench.engine import model_store
+from llmbench.kernels import cpu_extension
+from llmbench.kernels.cpu_info import this_cpu_flags
 
 # Without a GPU the kernel tests run Triton's CPU interpreter. Triton reads this switch when it
 # is first imported, and torch itself may import it during any test, so it is set first thing.
@@ -40,15 +42,21 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """`peer` tests drive another project's server: they run only when `-m` names them (`-m
     peer`), so that neither the default run nor `-m "not slow"` needs that server. `gpu` tests
-    need a CUDA device: without one they are deselected (not skipped), in every folder."""
+    need a CUDA device, `vnni` tests a C++ extension built with AVX-512 VNNI (its int8/int4
+    kernels): without them they are deselected (not skipped), in every folder."""
     if not torch.cuda.is_available():
-        gpu = [item for item in items if item.get_closest_marker("gpu")]
-        if gpu:
-            config.hook.pytest_deselected(items=gpu)
-            items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        _deselect(config, items, "gpu")
+    isa, _ = cpu_extension.choose_isa(this_cpu_flags(), cpu_extension.wanted_isa(os.environ))
+    if "vnni" not in isa:
+        _deselect(config, items, "vnni")
     if "peer" in (config.option.markexpr or ""):
         return
-    peer = [item for item in items if item.get_closest_marker("peer")]
-    if peer:
-        config.hook.pytest_deselected(items=peer)
-        items[:] = [item for item in items if not item.get_closest_marker("peer")]
+    _deselect(config, items, "peer")
+
+
+def _deselect(config, items: list, marker: str) -> None:
+    """Take the items marked `marker` out of the run, reported as deselected."""
+    marked = [item for item in items if item.get_closest_marker(marker)]
+    if marked:
+        config.hook.pytest_deselected(items=marked)
+        items[:] = [item for item in items if not item.get_closest_marker(marker)]

@@ -19,6 +19,7 @@ from llmbench.engine.kernel_ops import cpu_extension
 from llmbench.engine.quant.linear import QuantLinear, quantize_linear
 from llmbench.engine.quant.scheme import QuantScheme
 from llmbench.kernels import cpu_gemv
+from llmbench.kernels.cpu_info import has_native_bf16, this_cpu_flags
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,12 @@ class Linear:
     its matmul (`kernels.cpu_gemv`) instead, on [out, in]: one row through [3072, 576] bfloat16
     streamed 36.6 GB/s there vs 24.8 native (plain read 48.9), measured in one process; float32
     figures are at `cpu_gemv.MAX_ROWS_F32`. The input-major layout is then not used.
+
+    bfloat16 on a CPU without bfloat16 products (`cpu_info.has_native_bf16`: AVX2 only), where
+    torch's bfloat16 matmul runs at 16-20 GFLOP/s whatever the size: calls of `min_float32_rows`
+    rows or more multiply in float32 (W converted each call, 6 bytes an element against 2·rows
+    FLOPs: 137 GFLOP/s at a 2,048-row prefill chunk there, `cpu_gemv.MAX_ROWS_BF16_NO_NATIVE`
+    has the rest), rounded once to bfloat16 after the adds.
     """
 
     weight: torch.Tensor
@@ -41,16 +48,32 @@ class Linear:
     # CPU: the C++ matmul of `kernels.cpu_gemv` (None: torch), for up to this many rows.
     fast_op: Callable[..., torch.Tensor] | None = None
     max_fast_rows: int = 0
+    # From this many rows, products in float32 (None: in the weight's dtype).
+    min_float32_rows: int | None = None
 
     @classmethod
     def build(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         out_features, in_features = weight.shape
+        emulated_bf16 = (
+            weight.device.type == "cpu"
+            and weight.dtype == torch.bfloat16
+            and not has_native_bf16(this_cpu_flags())
+        )
         if weight.device.type == "cpu" and weight.dtype in cpu_gemv.WEIGHT_DTYPES:
             backend = cpu_extension()
             if backend.is_extension:
-                rows = cpu_gemv.max_rows(weight.dtype, backend.isa)
+                rows = cpu_gemv.max_rows(weight.dtype, backend.isa, not emulated_bf16)
                 op = backend.op(cpu_gemv.OP)
-                return cls(weight.contiguous(), bias, fast_op=op, max_fast_rows=rows)
+                float32_rows = rows + 1 if emulated_bf16 else None
+                return cls(
+                    weight.contiguous(),
+                    bias,
+                    fast_op=op,
+                    max_fast_rows=rows,
+                    min_float32_rows=float32_rows,
+                )
+        if emulated_bf16:  # torch's one-row product beats converting W up to 16 rows
+            return cls(weight, bias, min_float32_rows=cpu_gemv.MAX_ROWS_BF16 + 1)
         if weight.device.type == "cpu" and weight.dtype == torch.float32:
             if out_features > in_features:
                 return cls(weight.t().contiguous(), bias, is_input_major=True)
@@ -67,6 +90,12 @@ class Linear:
         if self.fast_op is not None and x.shape[0] <= self.max_fast_rows:
             return self.fast_op(x, self.weight, self.bias, residual)
         w_t = self.weight if self.is_input_major else self.weight.t()  # [in, out]
+        if self.min_float32_rows is not None and x.shape[0] >= self.min_float32_rows:
+            y = torch.mm(x.float(), w_t.float())  # [rows, out] float32
+            for add in (self.bias, residual):
+                if add is not None:
+                    y += add.float()
+            return y.to(x.dtype)
         add = residual if residual is not None else self.bias
         if residual is not None and self.bias is not None:
             add = residual + self.bias

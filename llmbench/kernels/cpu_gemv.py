@@ -40,17 +40,27 @@ WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # fast float16 CPU matmul: ~0.3 GFLOP/s here); float32: SmolLM2-135M's 120 layer matrices from
 # DRAM, 2 threads, at load ≈ 2.5 (tests running), best of 10: 8.4 ms (50 GB/s) vs 19.5 for MKL
 # on the input-major layout at one row, 9.7 vs 36.0 at 4, 15.5 vs 43.1 at 16.
+# On a CPU without bfloat16 products (`cpu_info.has_native_bf16`: AVX2 only, a 2-core AMD EPYC,
+# 2026-11-28) torch's bfloat16 matmul ran at 16-20 GFLOP/s at every size, the extension's AVX2
+# loops at about 70 from 4 rows, and float32 products (W converted each call, what the model
+# runs past this limit: `engine.linear.Linear`) at 25, 40, 57 and 98 GFLOP/s at 17, 32, 64 and
+# 256 rows (x @ W [3072, 576]^T): the extension wins to about 64 rows.
 MAX_ROWS_BF16 = 16
 MAX_ROWS_BF16_PANELS = 64
+MAX_ROWS_BF16_NO_NATIVE = 64
 MAX_ROWS_F16 = 1 << 30
 MAX_ROWS_F32 = 16
 
 
-def max_rows(dtype: torch.dtype, isa: str) -> int:
+def max_rows(dtype: torch.dtype, isa: str, has_native_bf16: bool = True) -> int:
     """The most rows of x for which the model calls the extension instead of torch, for an
     extension built for `isa` (`CpuExtension.isa`: "avx512bf16…" multiplies bfloat16 on the
-    tiles or on panels)."""
-    bf16 = MAX_ROWS_BF16_PANELS if isa.startswith("avx512bf16") else MAX_ROWS_BF16
+    tiles or on panels) on a CPU with or without bfloat16 products (`has_native_bf16`:
+    without, torch's bfloat16 matmul is slower than the extension's loops to 64 rows)."""
+    if isa.startswith("avx512bf16"):
+        bf16 = MAX_ROWS_BF16_PANELS
+    else:
+        bf16 = MAX_ROWS_BF16 if has_native_bf16 else MAX_ROWS_BF16_NO_NATIVE
     return {torch.bfloat16: bf16, torch.float32: MAX_ROWS_F32}.get(dtype, MAX_ROWS_F16)
 
 

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from llmbench.kernels.cpu_info import cpu_name, has_native_bf16, this_cpu_flags
 from llmbench.roofline import huge_pages
 
 DEFAULT_BUDGET_S = 60.0  # all the probes of one measurement
@@ -111,6 +112,7 @@ GPU_BUFFER_BYTES = 1 << 30  # device memory, not RSS
 CACHE_FORMAT = 4
 READABLE_FORMATS = (3, CACHE_FORMAT)
 MATMUL_DTYPES = ("float32", "bfloat16", "float16", "int8")
+FLOAT32_PRODUCTS = ", products in float32"  # ends the method of a probe that multiplied so
 # A dtype measured small and this many times slower than the fastest dtype measured before it
 # in the same call is said to have no fast path on the device.
 _SLOW_FACTOR = 10
@@ -461,8 +463,17 @@ def size_by_time(
     return n, repeat_until_agreed(lambda: _timed_once(fn, sync, clock), times, is_out_of_time)
 
 
+def multiplies_in_float32(dtype: str, device_type: str, flags: frozenset[str]) -> bool:
+    """Whether the engine multiplies `dtype` in float32 on this device: bfloat16 on a CPU
+    without bfloat16 products (`cpu_info.has_native_bf16`), where torch's own bfloat16 matmul
+    is 8x slower than float32 (`engine.linear.Linear`). Its probe then times that: the roof of
+    a bfloat16 model's prefill there."""
+    return dtype == "bfloat16" and device_type == "cpu" and not has_native_bf16(flags)
+
+
 def _matmul(dtype: str, n: int, device: Any) -> Callable[[], object]:
-    """One n×n by n×n matmul of `dtype`, ready to run (int8 multiplies into int32)."""
+    """One n×n by n×n matmul of `dtype`, ready to run (int8 multiplies into int32; bfloat16
+    on a CPU without bfloat16 products converts both to float32 first, as the engine does)."""
     import torch
 
     if dtype == "int8":
@@ -471,6 +482,8 @@ def _matmul(dtype: str, n: int, device: Any) -> Callable[[], object]:
         return lambda: torch._int_mm(a, b)
     a = torch.randn(n, n, device=device).to(getattr(torch, dtype))
     b = torch.randn(n, n, device=device).to(getattr(torch, dtype))
+    if multiplies_in_float32(dtype, device.type, this_cpu_flags()):
+        return lambda: torch.mm(a.float(), b.float()).to(a.dtype)
     return lambda: torch.mm(a, b)
 
 
@@ -671,8 +684,6 @@ def measure(
     """
     import torch
 
-    from llmbench.kernels.cpu_info import cpu_name
-
     deadline = clock() + budget_s
     device = torch.device(device_name)
     is_gpu = device.type == "cuda"
@@ -729,9 +740,10 @@ def measure(
             if fastest is not None and rate < rates[fastest] / _SLOW_FACTOR:
                 note += f", {rates[fastest] / rate:.0f}x below {fastest}: no fast path for it here"
         out["matmul_flops_per_s"][dtype] = rate
-        out["probes"][dtype] = _probe(
-            n, times, flops, "FLOP/s", out["threads"], f"matmul {dtype} {n}x{n}", note
-        )
+        method = f"matmul {dtype} {n}x{n}"
+        if multiplies_in_float32(dtype, device.type, this_cpu_flags()):
+            method += FLOAT32_PRODUCTS
+        out["probes"][dtype] = _probe(n, times, flops, "FLOP/s", out["threads"], method, note)
     out["notes"] = _notes(out)
     return out
 
@@ -851,7 +863,10 @@ def ceilings(
         previous = _read_cache(source)
     cached = None if refresh else previous
     order = sorted(MATMUL_DTYPES, key=lambda d: d != first)
-    known = set() if cached is None else {*cached["matmul_flops_per_s"], *cached["unsupported"]}
+    known = set()
+    if cached is not None:
+        known = {*cached["matmul_flops_per_s"], *cached["unsupported"]}
+        known -= _multiplied_otherwise(cached, device_name)
     missing = [d for d in order if d not in known]
     # Only a call that watches the load can tell the machine is quiet now: worth measuring again.
     stale = [] if cached is None or watch_load is None else _stale_probes(cached)
@@ -880,6 +895,22 @@ def ceilings(
             "the quiet measurement (`llmbench hardware` shows it)"
         )
     return _with_sources(roofs, path, set(measured["probes"]))
+
+
+def _multiplied_otherwise(cached: dict[str, Any], device_name: str) -> set[str]:
+    """The cached matmul probes that multiplied in another dtype than this llmbench's probe
+    does here (a bfloat16 roof cached before it multiplied in float32 on a CPU without
+    bfloat16 products: torch's slow path, 1.3 GFLOP/s where the engine's reaches 137). Only
+    the probe's own entries are judged (a hand-written one holds still)."""
+    flags = this_cpu_flags()
+    out = set()
+    for dtype in MATMUL_DTYPES:
+        method = cached["probes"].get(dtype, {}).get("method", "")
+        if method.startswith(f"matmul {dtype} ") and method.endswith(
+            FLOAT32_PRODUCTS
+        ) != multiplies_in_float32(dtype, device_name, flags):
+            out.add(dtype)
+    return out
 
 
 def _load_record(load: Any) -> dict[str, Any]:

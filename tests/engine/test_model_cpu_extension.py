@@ -16,6 +16,7 @@ from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batc
 from llmbench.engine.quant.linear import VnniLinear
 from llmbench.engine.quant.scheme import parse_quantize
 from llmbench.kernels import cpu_extension, cpu_gemv
+from llmbench.kernels.cpu_info import has_native_bf16, this_cpu_flags
 from tests.engine.helpers import VOCAB, write_tiny_checkpoint
 
 VARIANTS = {
@@ -106,7 +107,7 @@ def test_a_fused_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, variant, dty
     fused_model, fused = _logits(folder, dtype, prompt, fuse=True)
     assert fused_model._fused_rows == [FUSED_MAX_ROWS] * 2
     assert fused_model.layers[0].qkv_proj.max_fast_rows == cpu_gemv.max_rows(
-        dtype, cpu_extension.default().isa
+        dtype, cpu_extension.default().isa, has_native_bf16(this_cpu_flags())
     )
     assert fused_model._stacked_layers is not None
     _, op_by_op = _logits(folder, dtype, prompt, fuse=False)

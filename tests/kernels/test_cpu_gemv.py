@@ -103,3 +103,9 @@ def test_max_rows_per_dtype():
     assert cpu_gemv.max_rows(torch.float32, amx) == cpu_gemv.MAX_ROWS_F32
     assert cpu_gemv.max_rows(torch.float16, no_amx) == cpu_gemv.MAX_ROWS_F16
     assert cpu_gemv.max_rows(torch.float32, no_amx) == cpu_gemv.MAX_ROWS_F32
+    # no bfloat16 products in the CPU (AVX2 only): torch's bfloat16 matmul loses to 64 rows
+    assert cpu_gemv.max_rows(torch.bfloat16, "avx2", False) == cpu_gemv.MAX_ROWS_BF16_NO_NATIVE
+    assert cpu_gemv.MAX_ROWS_BF16_NO_NATIVE == 64
+    assert cpu_gemv.max_rows(torch.bfloat16, "avx2", True) == cpu_gemv.MAX_ROWS_BF16
+    assert cpu_gemv.max_rows(torch.bfloat16, no_amx, False) == cpu_gemv.MAX_ROWS_BF16_PANELS
+    assert cpu_gemv.max_rows(torch.float32, "avx2", False) == cpu_gemv.MAX_ROWS_F32

@@ -9,3 +9,11 @@ def test_cpu_flags_come_from_the_first_flags_line():
     cpuinfo = "processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: x\nflags\t\t: sse\n"
     assert cpu_info.cpu_flags(cpuinfo) == {"fpu", "avx2", "fma"}
     assert cpu_info.cpu_flags("processor : 0\n") == frozenset()
+
+
+def test_native_bf16_needs_avx512_bf16_or_amx_bf16():
+    assert cpu_info.has_native_bf16(frozenset({"avx512f", "avx512_bf16"}))
+    assert cpu_info.has_native_bf16(frozenset({"amx_tile", "amx_bf16"}))
+    # an AMD EPYC with AVX2 only (Zen 3), and AVX-512 without BF16 (Cascade Lake)
+    assert not cpu_info.has_native_bf16(frozenset({"avx2", "fma", "f16c"}))
+    assert not cpu_info.has_native_bf16(frozenset({"avx512f", "avx512_vnni"}))

@@ -1,8 +1,9 @@
 """The extension's int8/int4 VNNI matmul (`kernels.cpu_quant_gemv`): its layouts against the
 pure quantisation functions, the kernel against its exact reference (the same integer sums in
 float64) and against the float product of its dequantised weights, its checks and its cost.
-Needs a CPU with AVX-512 VNNI (this machine's and CI's); `test_has_quant_gemv_follows_the_isa`
-says so where it has none."""
+The kernel's tests (marked `vnni`) need a build with AVX-512 VNNI: on a CPU without it (AVX2
+only, an AMD EPYC of the Zen 3 kind) there is no such kernel to test, and they are deselected,
+as `gpu` tests are without a GPU; `test_has_quant_gemv_follows_the_isa` runs everywhere."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def test_layouts_hold_the_pure_functions_weights(shape):
     torch.testing.assert_close(unpacked8, dequantize_int8(codes, scale), rtol=0, atol=0)
 
 
+@pytest.mark.vnni
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_extensions_dequantise_is_the_layouts_weights_rounded_once(backend, shape, dtype):
@@ -97,6 +99,7 @@ def test_activation_quantisation_by_hand():
     assert not xq[0, 1].any()
 
 
+@pytest.mark.vnni
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("num_rows", [1, 3, 4, 6, 16])  # the kernel takes x 4 rows at a time
@@ -115,6 +118,7 @@ def test_kernel_matches_its_exact_reference(backend, dtype, shape, num_rows, bit
     torch.testing.assert_close(y.float(), expected.float(), rtol=ulp, atol=atol)
 
 
+@pytest.mark.vnni
 @pytest.mark.parametrize("bits", [4, 8])
 def test_kernel_is_close_to_the_float_product_of_its_weights(backend, bits):
     """Quantising x per 32 to int8 costs under 1% of the product (rms, Gaussian x)."""
@@ -130,6 +134,7 @@ def test_kernel_is_close_to_the_float_product_of_its_weights(backend, bits):
     assert ((y - exact).norm() / exact.norm()).item() < 0.01
 
 
+@pytest.mark.vnni
 def test_symmetric_int4_and_bias_and_residual(backend):
     weight, x = _random((13, 100), 6, 0.05), _random((3, 100), 7).bfloat16()
     _, codes, scale_zero = _int4(weight, has_zero=False)
@@ -141,6 +146,7 @@ def test_symmetric_int4_and_bias_and_residual(backend):
 
 # rows: one partial tile of 16, an odd number of tiles (the last pair has one), whole tiles,
 # and more than 128 (every panel dequantised first, x taken 128 rows at a time)
+@pytest.mark.vnni
 @pytest.mark.parametrize("num_rows", [17, 40, 64, 150])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bits", [4, 8])
@@ -167,6 +173,7 @@ def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
         torch.testing.assert_close(y.float(), expected.float(), rtol=ulp, atol=1e-4)
 
 
+@pytest.mark.vnni
 def test_weight_only_gemm_keeps_x_as_it_is(backend):
     """Unlike the decode matmul, the prefill product quantises nothing of x: it is x times the
     dequantised weights to bfloat16's rounding (0.23% rms here; the decode matmul, x
@@ -179,6 +186,7 @@ def test_weight_only_gemm_keeps_x_as_it_is(backend):
     assert ((y.double() - exact).norm() / exact.norm()).item() < 0.003
 
 
+@pytest.mark.vnni
 def test_argument_errors_name_the_argument(backend):
     weight, x = _random((8, 64), 10, 0.05), _random((1, 64), 11)
     _, codes, scale_zero = _int4(weight)

@@ -747,3 +747,52 @@ def test_each_cache_format_has_its_own_file(tmp_path, monkeypatch):
     assert json.loads(own.read_text())["format"] == ceilings.CACHE_FORMAT
     assert json.loads(legacy.read_text()) == entry
     assert first["read_bytes_per_s"] != 12.5e9
+
+
+AVX2_ONLY = frozenset({"avx2", "fma", "f16c"})  # an AMD EPYC of the Zen 3 kind
+AVX512_BF16 = frozenset({"avx512f", "avx512_bf16"})
+
+
+def test_bf16_multiplies_in_float32_only_on_a_cpu_without_bf16_products():
+    assert ceilings.multiplies_in_float32("bfloat16", "cpu", AVX2_ONLY)
+    assert not ceilings.multiplies_in_float32("bfloat16", "cpu", AVX512_BF16)
+    assert not ceilings.multiplies_in_float32("bfloat16", "cuda", AVX2_ONLY)
+    assert not ceilings.multiplies_in_float32("float16", "cpu", AVX2_ONLY)
+
+
+def test_the_bf16_probe_of_a_cpu_without_bf16_products_times_float32_products(monkeypatch):
+    monkeypatch.setattr(ceilings, "this_cpu_flags", lambda: AVX2_ONLY)
+    roofs = ceilings.measure("cpu", budget_s=2.0, dtypes=["bfloat16"], with_bandwidth=False)
+    probe = roofs["probes"]["bfloat16"]
+    assert (
+        probe["method"] == f"matmul bfloat16 {probe['size']}x{probe['size']}, products in float32"
+    )
+
+
+def test_a_bf16_roof_cached_from_torchs_own_bf16_matmul_is_measured_again_without_bf16_products(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LLMBENCH_CACHE", str(tmp_path))
+    calls = []
+    fake = fake_measure(calls, skipped=())
+
+    def measure(device, budget_s, dtypes, with_bandwidth, progress, needed=None):
+        out = fake(device, budget_s, dtypes, with_bandwidth, progress, needed)
+        is_float32 = ceilings.multiplies_in_float32("bfloat16", "cpu", ceilings.this_cpu_flags())
+        out["probes"] = {
+            d: {**probe, "method": f"matmul {d} 512x512" + (", products in float32" * is_float32)}
+            for d, probe in out["probes"].items()
+        }
+        return out
+
+    monkeypatch.setattr(ceilings, "measure", measure)
+    monkeypatch.setattr(ceilings, "this_cpu_flags", lambda: AVX512_BF16)
+    ceilings.ceilings("cpu")  # cached by an llmbench whose probe ran torch's bf16 matmul
+    ceilings.ceilings("cpu")
+    assert len(calls) == 1  # the same CPU kind: nothing measured again
+    monkeypatch.setattr(ceilings, "this_cpu_flags", lambda: AVX2_ONLY)
+    roofs = ceilings.ceilings("cpu")
+    assert calls[1] == (["bfloat16"], False)
+    assert roofs["probes"]["bfloat16"]["method"].endswith(", products in float32")
+    ceilings.ceilings("cpu")
+    assert len(calls) == 2

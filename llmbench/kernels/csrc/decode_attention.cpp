@@ -91,7 +91,13 @@ std::vector<RowRun> row_runs(const AttentionProblem& a) {
 // s becomes the weights e^(s − m_new); returns the factor the accumulator is rescaled by.
 inline float softmax_step(float* s, int64_t n, float& m, float& l) {
   float chunk_max = kNegInf;
-  for (int64_t c = 0; c < n; ++c) chunk_max = std::max(chunk_max, s[c]);
+  int64_t c = 0;
+#if defined(LLMBENCH_AVX2)
+  __m256 top = _mm256_set1_ps(kNegInf);
+  for (; c + 8 <= n; c += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(s + c));
+  chunk_max = llmbench_simd::max8(top);
+#endif
+  for (; c < n; ++c) chunk_max = std::max(chunk_max, s[c]);
   if (chunk_max == kNegInf) {  // every key masked for this row: nothing changes
     std::fill(s, s + n, 0.0f);
     return 1.0f;
@@ -99,7 +105,21 @@ inline float softmax_step(float* s, int64_t n, float& m, float& l) {
   const float m_new = std::max(m, chunk_max);
   const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
   float total = 0.0f;
-  for (int64_t c = 0; c < n; ++c) {  // masked keys weigh exactly nothing
+  c = 0;
+#if defined(LLMBENCH_AVX2)
+  const __m256 shift = _mm256_set1_ps(m_new), neg_inf = _mm256_set1_ps(kNegInf);
+  __m256 sum = _mm256_setzero_ps();
+  for (; c + 8 <= n; c += 8) {  // masked keys weigh exactly nothing
+    const __m256 v = _mm256_loadu_ps(s + c);
+    const __m256 seen = _mm256_cmp_ps(v, neg_inf, _CMP_NEQ_OQ);
+    const __m256 e =
+        _mm256_and_ps(seen, llmbench_simd::exp8_nonpositive(_mm256_sub_ps(v, shift)));
+    _mm256_storeu_ps(s + c, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  total = llmbench_simd::sum8(sum);
+#endif
+  for (; c < n; ++c) {  // masked keys weigh exactly nothing
     s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
     total += s[c];
   }
@@ -151,7 +171,7 @@ inline void mask_chunk(float* s, int64_t c0, int64_t n, int64_t len) {
   for (int64_t c = std::max<int64_t>(0, len - c0); c < n; ++c) s[c] = kNegInf;
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(LLMBENCH_AVX2)
 // Every cache line of [p, p + bytes), into L2 (kAheadChunks of K and V, ~49 KiB for SmolLM2,
 // would crowd L1).
 inline void prefetch_bytes(const void* p, int64_t bytes) {
@@ -178,6 +198,24 @@ inline void weigh_state(const T* values, int64_t slot_stride, const int64_t* slo
 }
 #endif
 
+#if defined(LLMBENCH_AVX2)
+// weigh_state's 8 lanes a vector: acc[0, 8·NV).
+template <int NV, typename T>
+inline void weigh_state_8(const T* values, int64_t slot_stride, const int64_t* slots, int64_t n,
+                          const float* w, float* acc) {
+  __m256 sum[NV];
+  for (int e = 0; e < NV; ++e) sum[e] = _mm256_loadu_ps(acc + 8 * e);
+  for (int64_t c = 0; c < n; ++c) {
+    if (w[c] == 0.0f) continue;
+    const __m256 wc = _mm256_set1_ps(w[c]);
+    const T* v = values + slots[c] * slot_stride;
+    for (int e = 0; e < NV; ++e)
+      sum[e] = _mm256_fmadd_ps(wc, llmbench_simd::load8(v + 8 * e), sum[e]);
+  }
+  for (int e = 0; e < NV; ++e) _mm256_storeu_ps(acc + 8 * e, sum[e]);
+}
+#endif
+
 // One item with float32 products: rows `run` over positions [p0, p1), every KV head.
 // st: [count·nh] states, natural lane order.
 template <typename T>
@@ -195,9 +233,24 @@ void attend_float(const AttentionProblem& a, const T* q, const T* kc, const T* v
   for (int64_t c0 = p0; c0 < p1; c0 += kChunk) {
     const int64_t n = std::min(kChunk, p1 - c0);
     slots_of(table, a.block_size, c0, c0 + n, slots);
+#if defined(LLMBENCH_AVX2)
+    // the next chunk's key and value rows of each head, a slot a row as this chunk's keys are
+    // converted: without, the conversion waited on them (45% of the kernel's samples in `perf`
+    // at 32 streams x 512 positions, from L3 as much as from memory)
+    int64_t next[kChunk];
+    const int64_t n_next = std::max<int64_t>(0, std::min(kChunk, p1 - c0 - kChunk));
+    slots_of(table, a.block_size, c0 + kChunk, c0 + kChunk + n_next, next);
+#endif
     for (int64_t kv = 0; kv < a.num_kv_heads; ++kv) {
-      for (int64_t c = 0; c < n; ++c)
+      for (int64_t c = 0; c < n; ++c) {
+#if defined(LLMBENCH_AVX2)
+        if (c < n_next) {
+          prefetch_bytes(kc + next[c] * a.k_slot + kv * d, d * sizeof(T));
+          prefetch_bytes(vc + next[c] * a.v_slot + kv * d, d * sizeof(T));
+        }
+#endif
         llmbench_simd::to_float_row(kc + slots[c] * a.k_slot + kv * d, kf.data() + c * d, d);
+      }
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < g; ++j) {
           const int64_t state = i * a.num_heads + kv * g + j;
@@ -219,6 +272,24 @@ void attend_float(const AttentionProblem& a, const T* q, const T* kc, const T* v
                 dots[r] = acc;
               }
               _mm512_storeu_ps(s + k0, llmbench_simd::sum_lanes_16(dots));
+            }
+          } else
+#elif defined(LLMBENCH_AVX2)
+          // 8 keys' products summed by one tree of horizontal adds; the keys innermost, 8
+          // independent sums (one key's sum at a time waited on each FMA: 19% of the samples)
+          if (d % 8 == 0) {
+            for (int64_t k0 = 0; k0 < n; k0 += 8) {
+              const float* keys[8];
+              for (int64_t r = 0; r < 8; ++r)
+                keys[r] = kf.data() + std::min(k0 + r, n - 1) * d;  // past n: unused
+              __m256 dots[8];
+              for (int64_t r = 0; r < 8; ++r) dots[r] = _mm256_setzero_ps();
+              for (int64_t e = 0; e < d; e += 8) {
+                const __m256 qv = _mm256_loadu_ps(qs + e);
+                for (int64_t r = 0; r < 8; ++r)
+                  dots[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[r] + e), dots[r]);
+              }
+              _mm256_storeu_ps(s + k0, llmbench_simd::sum_lanes_8(dots));
             }
           } else
 #endif
@@ -245,6 +316,18 @@ void attend_float(const AttentionProblem& a, const T* q, const T* kc, const T* v
             if (d == 32) weigh_state<2>(values, a.v_slot, slots, n, w, acc);
             else if (d == 64) weigh_state<4>(values, a.v_slot, slots, n, w, acc);
             else weigh_state<8>(values, a.v_slot, slots, n, w, acc);
+          }
+        continue;
+      }
+#elif defined(LLMBENCH_AVX2)
+      if (d == 32 || d == 64) {  // as above, d / 8 accumulators (128: more than the 16 ymm)
+        const T* values = vc + kv * d;
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < g; ++j) {
+            float* acc = st.acc.data() + (i * a.num_heads + kv * g + j) * d;
+            const float* w = scores.data() + (i * g + j) * kChunk;
+            if (d == 32) weigh_state_8<4>(values, a.v_slot, slots, n, w, acc);
+            else weigh_state_8<8>(values, a.v_slot, slots, n, w, acc);
           }
         continue;
       }

@@ -136,6 +136,8 @@ void dot_rows_float(const float* xf, int64_t K, const void* wv_base, float acc[k
   for (; k + 8 <= K; k += 8) {
     __m256 wv[NR];
     for (int r = 0; r < NR; ++r) {
+      if (LLMBENCH_GEMV_PREFETCH && k % 32 == 0)  // a line a row: two blocks of rows ahead
+        _mm_prefetch(reinterpret_cast<const char*>(w + (r + 2 * NR) * K + k), _MM_HINT_T1);
       if (KIND == kF32) {
         wv[r] = _mm256_loadu_ps(wf + r * K + k);
       } else {

@@ -181,6 +181,17 @@ inline __m512 silu_mul16(__m512 g, __m512 u) {
                                  : _mm512_div_ps(numerator, denominator);
   return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
 }
+#elif defined(LLMBENCH_AVX2)
+// The same, 8 lanes, exact forms (std::exp a lane took 8% of a 2,048-token prefill step on an
+// AVX2-only AMD EPYC).
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 minus_abs = _mm256_or_ps(g, _mm256_set1_ps(-0.0f));
+  const __m256 e = llmbench_simd::exp8_nonpositive(minus_abs);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 sigmoid = _mm256_div_ps(_mm256_blendv_ps(one, e, negative), _mm256_add_ps(one, e));
+  return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), u);
+}
 #endif
 
 template <typename T>
@@ -197,6 +208,12 @@ void silu_and_mul_rows(const T* gate_up, int64_t row_stride, T* out, int64_t row
       for (; j + 16 <= inter; j += 16)
         llmbench_simd::store16_masked(
             o + j, silu_mul16<!std::is_same_v<T, float>>(load16(g + j), load16(u + j)), 0xFFFF);
+#elif defined(LLMBENCH_AVX2)
+      alignas(32) float lanes[8];
+      for (; j + 8 <= inter; j += 8) {
+        _mm256_store_ps(lanes, silu_mul8(llmbench_simd::load8(g + j), llmbench_simd::load8(u + j)));
+        for (int64_t k = 0; k < 8; ++k) o[j + k] = from_f<T>(lanes[k]);  // rounded as torch does
+      }
 #endif
       for (; j < inter; ++j) {
         const float gv = to_f(g[j]);
