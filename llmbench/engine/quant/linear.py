@@ -58,6 +58,7 @@ from llmbench.engine.quant.codes import (
 from llmbench.engine.quant.scheme import QuantScheme
 from llmbench.kernels import cpu_quant_gemv
 from llmbench.kernels.cpu_extension import CpuExtension
+from llmbench.kernels.cpu_info import has_native_bf16, this_cpu_flags
 
 # The CPU kernels' activation and scale dtype.
 CPU_COMPUTE_DTYPE = torch.bfloat16
@@ -107,6 +108,9 @@ class Int8Linear:
     scale: torch.Tensor
     in_features: int
     bias: torch.Tensor | None = None
+    # Dequantised products in float32, not the compute dtype: bfloat16 on a CPU without
+    # bfloat16 products, as `engine.linear.Linear` multiplies there.
+    is_float32_products: bool = False
 
     @property
     def num_bytes(self) -> int:
@@ -119,7 +123,8 @@ class Int8Linear:
         if xc.device.type == "cpu" and xc.shape[0] <= INT8_KERNEL_MAX_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(xc, self.codes, self.scale)
         else:  # dequantise per call: the codes in the compute dtype, the scale after the matmul
-            y = torch.mm(xc, self.codes.to(xc.dtype).t()).mul_(self.scale)
+            dtype = torch.float32 if self.is_float32_products else xc.dtype
+            y = torch.mm(xc.to(dtype), self.codes.to(dtype).t()).mul_(self.scale)
         return _finish(y, x.dtype, self.bias, residual)  # [T, out]
 
 
@@ -272,7 +277,13 @@ def int8_layer(
     codes, scale = quantize_int8(weight, scale_dtype)
     num_in = weight.shape[1]
     padded_in = -(-num_in // INT8_IN_MULTIPLE) * INT8_IN_MULTIPLE
-    return Int8Linear(F.pad(codes, (0, padded_in - num_in)), scale.to(scale_dtype), num_in, bias)
+    is_float32 = (
+        weight.device.type == "cpu"
+        and scale_dtype == torch.bfloat16
+        and not has_native_bf16(this_cpu_flags())
+    )
+    padded = F.pad(codes, (0, padded_in - num_in))
+    return Int8Linear(padded, scale.to(scale_dtype), num_in, bias, is_float32)
 
 
 def _int4_codes(weight: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from llmbench.engine.linear import Linear, make_linear
+from llmbench.engine.quant import linear as quant_linear
 from llmbench.engine.quant.codes import dequantize_int4, quantize_int4, quantize_int8
 from llmbench.engine.quant.linear import (
     INT8_KERNEL_MAX_ROWS,
@@ -137,3 +138,20 @@ def test_make_linear_quantises_only_when_asked(monkeypatch):
         cpu_extension, "default", lambda: cpu_extension.CpuExtension("torch", "test")
     )
     assert isinstance(make_linear(weight, None, parse_quantize("int8")), Int8Linear)
+
+
+@pytest.mark.parametrize("is_native", [True, False])
+def test_int8_prefill_dequantises_into_float32_on_a_cpu_without_bf16_products(
+    monkeypatch, is_native
+):
+    monkeypatch.setattr(quant_linear, "has_native_bf16", lambda flags: is_native)
+    g = torch.Generator().manual_seed(5)
+    weight = torch.randn(48, 32, generator=g)
+    layer = quant_linear.int8_layer(weight, None, torch.bfloat16)
+    assert layer.is_float32_products is not is_native
+    x = torch.randn(quant_linear.INT8_KERNEL_MAX_ROWS + 1, 32, generator=g).bfloat16()
+    codes, scale = layer.codes[:, :32], layer.scale
+    dtype = torch.bfloat16 if is_native else torch.float32
+    # the codes in the product's dtype, the scale after the matmul, one rounding at the end
+    expected = (x.to(dtype) @ codes.to(dtype).t()).mul_(scale).bfloat16()
+    assert torch.equal(layer(x), expected)
