@@ -23,6 +23,11 @@
 
 namespace llmbench_simd {
 
+// e^f = Σ f^i / i! to degree 7, highest first (Horner), for |f| <= ln 2 / 2: the e^x helpers'.
+constexpr int kExpTaylorTerms = 8;
+constexpr float kExpTaylor[kExpTaylorTerms] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
+                                               1.0f / 6,    0.5f,        1.0f,        1.0f};
+
 inline float to_f(float v) { return v; }
 inline float to_f(c10::BFloat16 v) { return static_cast<float>(v); }
 inline float to_f(c10::Half v) { return static_cast<float>(v); }
@@ -88,14 +93,9 @@ inline __m256 exp8_nonpositive(__m256 x) {
   const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
   const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.693147180559945309f));
-  __m256 p = _mm256_set1_ps(1.0f / 5040);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 720));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  __m256 p = _mm256_set1_ps(kExpTaylor[0]);
+  for (int i = 1; i < kExpTaylorTerms; ++i)
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExpTaylor[i]));
   const __m256i two_n = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
@@ -224,14 +224,9 @@ inline __m512 exp_nonpositive(__m512 x) {
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(kExpTaylor[0]);
+  for (int i = 1; i < kExpTaylorTerms; ++i)
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExpTaylor[i]));
   return _mm512_scalef_ps(p, n);
 }
 #endif
