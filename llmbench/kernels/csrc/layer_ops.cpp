@@ -189,7 +189,8 @@ inline __m256 silu_mul8(__m256 g, __m256 u) {
   const __m256 e = llmbench_simd::exp8_nonpositive(minus_abs);
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
-  const __m256 sigmoid = _mm256_div_ps(_mm256_blendv_ps(one, e, negative), _mm256_add_ps(one, e));
+  const __m256 numerator = _mm256_blendv_ps(one, e, negative);
+  const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
   return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), u);
 }
 #endif
@@ -211,7 +212,8 @@ void silu_and_mul_rows(const T* gate_up, int64_t row_stride, T* out, int64_t row
 #elif defined(LLMBENCH_AVX2)
       alignas(32) float lanes[8];
       for (; j + 8 <= inter; j += 8) {
-        _mm256_store_ps(lanes, silu_mul8(llmbench_simd::load8(g + j), llmbench_simd::load8(u + j)));
+        const __m256 gv = llmbench_simd::load8(g + j), uv = llmbench_simd::load8(u + j);
+        _mm256_store_ps(lanes, silu_mul8(gv, uv));
         for (int64_t k = 0; k < 8; ++k) o[j + k] = from_f<T>(lanes[k]);  // rounded as torch does
       }
 #endif
