@@ -14,10 +14,11 @@ of `--repeats` passes in ms, after one warm-up pass. The paths:
 - `int8 deq+mm`: codes → bfloat16 per call, oneDNN matmul, then the scales;
 - `int4 kernel`: `torch.ops.aten._weight_int4pack_mm_for_cpu` (`quant.linear.PackedInt4Linear`);
 - `int4 deq+mm`: the dequantise-per-call layout used off the CPU (`quant.linear.Int4Linear`);
-- `int8 engine`, `int4 engine`: the layers the engine builds on a CPU with VNNI and the C++
-  extension (`quant.linear.VnniLinear`): its VNNI matmul up to 16 rows, its weight-only
-  `quant_gemm` above (W dequantised a block at a time, met on the AMX tiles or, on a CPU with
-  AVX-512 BF16 and no AMX, on vectors).
+- `int8 engine`, `int4 engine`: the layers the engine builds with the C++ extension (AVX2 or
+  better: `quant.linear.ExtensionQuantLinear`): its int8/int4 matmul up to 16 rows, its
+  weight-only `quant_gemm` above (W dequantised a block at a time, met on the AMX tiles or, on
+  a CPU with AVX-512 BF16 and no AMX, on vectors; elsewhere dequantised whole, in float32
+  products for bfloat16 x).
 """
 
 from __future__ import annotations

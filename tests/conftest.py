@@ -42,13 +42,14 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """`peer` tests drive another project's server: they run only when `-m` names them (`-m
     peer`), so that neither the default run nor `-m "not slow"` needs that server. `gpu` tests
-    need a CUDA device, `vnni` tests a C++ extension built with AVX-512 VNNI (its int8/int4
-    kernels): without them they are deselected (not skipped), in every folder."""
+    need a CUDA device, `quant_kernel` tests a C++ extension with its int8/int4 kernels (AVX2
+    or better: not the scalar build): without them they are deselected (not skipped), in every
+    folder."""
     if not torch.cuda.is_available():
         _deselect(config, items, "gpu")
     isa, _ = cpu_extension.choose_isa(this_cpu_flags(), cpu_extension.wanted_isa(os.environ))
-    if "vnni" not in isa:
-        _deselect(config, items, "vnni")
+    if isa == "scalar":
+        _deselect(config, items, "quant_kernel")
     if "peer" in (config.option.markexpr or ""):
         return
     _deselect(config, items, "peer")

@@ -3,7 +3,7 @@
 The engine's two choices of implementation are made here, each a UserError when its
 environment variable is bad: `dispatch_for` (Triton kernels or torch ops, LLMBENCH_KERNELS) and,
 on a CPU, `cpu_extension` (the C++ library behind `linear.Linear`'s decode matmuls, the
-quantised layers' VNNI matmul and the model's per-layer ops, LLMBENCH_CPU_EXTENSION).
+quantised layers' int8/int4 matmul and the model's per-layer ops, LLMBENCH_CPU_EXTENSION).
 
 `LlamaModel` holds a `TritonOps` (CUDA with Triton, or `LLMBENCH_KERNELS=triton` under the
 interpreter) or None (the torch path). Once per forward, `prepare` turns the step's chunks into

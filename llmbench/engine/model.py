@@ -34,12 +34,12 @@ from llmbench.engine.config import ModelConfig
 from llmbench.engine.linear import Linear, make_linear
 from llmbench.engine.moe import MoEMLP, Routing
 from llmbench.engine.paged_attention import AttentionBatch, KVCache, paged_attention
-from llmbench.engine.quant.linear import VNNI_MAX_ROWS, QuantLinear, VnniLinear
+from llmbench.engine.quant.linear import QUANT_GEMV_MAX_ROWS, ExtensionQuantLinear, QuantLinear
 from llmbench.engine.quant.scheme import QuantScheme, lm_head_scheme
 from llmbench.kernels.cpu_layer_ops import CpuLayerOps
 
 # What a CPU model runs through the C++ extension when it is in use (matmuls: up to
-# `cpu_gemv.max_rows` rows, quantised ones through `cpu_quant_gemv` where the CPU has VNNI).
+# `cpu_gemv.max_rows` rows, quantised ones through `cpu_quant_gemv` where the build has it).
 CPU_EXTENSION_OPS = (
     "matmuls",
     "rms_norm",
@@ -58,11 +58,11 @@ FUSED_MAX_ROWS = 64
 
 def _fast_rows(matmul: Linear | QuantLinear) -> int | None:
     """Up to how many rows `matmul` runs the extension's own matmul (`gemv` on [out, in]
-    weights, VNNI `quant_gemv` on int8 / int4 codes); None: it never does."""
+    weights, `quant_gemv` on int8 / int4 codes); None: it never does."""
     if isinstance(matmul, Linear) and matmul.fast_op is not None:
         return matmul.max_fast_rows
-    if isinstance(matmul, VnniLinear):
-        return VNNI_MAX_ROWS
+    if isinstance(matmul, ExtensionQuantLinear):
+        return QUANT_GEMV_MAX_ROWS
     return None
 
 
@@ -77,9 +77,9 @@ def _fused_rows(layer: _Layer) -> int:
 
 def _fused_weights(layer: _Layer) -> tuple[list[torch.Tensor], ...]:
     """The layer's four matmuls as `decode_layer` takes them: [W] for a float matmul,
-    [codes, scales] for a VNNI one (int4: float16 scale_zero; int8: float32 scale)."""
+    [codes, scales] for a quantised one (int4: float16 scale_zero; int8: float32 scale)."""
 
-    def weights(matmul: Linear | VnniLinear) -> list[torch.Tensor]:
+    def weights(matmul: Linear | ExtensionQuantLinear) -> list[torch.Tensor]:
         if isinstance(matmul, Linear):
             return [matmul.weight]
         scales = matmul.scale_zero if matmul.scale_zero is not None else matmul.scale

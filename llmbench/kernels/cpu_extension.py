@@ -56,6 +56,7 @@ SOURCES = tuple(
         "gemv_amx.cpp",
         "gemv_quant.cpp",
         "gemm_vectors.cpp",
+        "gemm_float32_panels.cpp",
         "layer_ops.cpp",
         "decode_attention.cpp",
         "decode_attention_tiles.cpp",
@@ -71,9 +72,9 @@ HEADERS = tuple(sorted(CSRC.glob("*.h")))
 NO_RECORD_ESTIMATE = "about a minute on 2 cores"
 
 # Compiler flags per instruction set, best first; each needs all its /proc/cpuinfo flags.
-# "vnni" in the name: the int8/int4 matmul (`cpu_quant_gemv`) is built too; "amx": bfloat16
-# products of several rows, and int8/int4 prefill products, on the AMX tiles
-# (`csrc/gemv_amx.cpp`, where the OS allows them).
+# Every set but "scalar" builds the int8/int4 matmul (`cpu_quant_gemv`: VPDPBUSD where "vnni" is
+# in the name, else AVX2's byte products); "amx": bfloat16 products of several rows, and
+# int8/int4 prefill products, on the AMX tiles (`csrc/gemv_amx.cpp`, where the OS allows them).
 ISA_FLAGS = (
     (
         "avx512bf16_vnni_amx",
@@ -185,8 +186,9 @@ class CpuExtension:
 
     @property
     def has_quant_gemv(self) -> bool:
-        """Built with AVX-512 VNNI: the int8/int4 matmul of `cpu_quant_gemv` is in it."""
-        return self.is_extension and "vnni" in (self.isa or "")
+        """Built for AVX2 or better (not "scalar"): the int8/int4 matmul of `cpu_quant_gemv` is
+        in it (AVX-512 VNNI's or AVX2's)."""
+        return self.is_extension and self.isa not in (None, "scalar")
 
     def op(self, name: str):
         """The loaded library's op `name`: `gemv` (`cpu_gemv`), `quant_gemv` or `quant_gemm`

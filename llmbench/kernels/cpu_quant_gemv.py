@@ -1,4 +1,4 @@
-"""int8 and int4 matmuls on AVX-512 VNNI CPUs through the C++ extension
+"""int8 and int4 matmuls on AVX-512 VNNI and AVX2 CPUs through the C++ extension
 (`csrc/gemv_quant.cpp`): the weight layouts it reads, the exact references, cost and checks.
 
     y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias) (+ residual), y in x's dtype
@@ -7,13 +7,14 @@ Two ops read the layouts. `quant_gemv` (decode: a few rows) quantises x; `quant_
 many rows) is weight-only, x kept as it is: bfloat16 x meets W dequantised to bfloat16 one block
 of 16 rows at a time in cache (`csrc/gemm_panels.h`), on the AMX tiles (`csrc/gemv_amx.cpp`) or
 on AVX-512 BF16 vectors (`csrc/gemm_vectors.cpp`); elsewhere W is dequantised whole to x's dtype
-(`quant_dequantize`) for one oneDNN addmm. Bias and residual are added before y is rounded;
+(`quant_dequantize`; bfloat16 x's to float32, where the build has no bfloat16 products) for one
+oneDNN addmm. Bias and residual are added before y is rounded;
 `quant_gemm_reference` is that product in float64.
 
 In `quant_gemv`, x is quantised per call to int8 in groups of 32 along K (scale max|x| / 127),
 as llama.cpp quantises activations for its Q4/Q8 dot products, so the codes multiply with
-VPDPBUSD (16 lanes of 4 byte products an instruction); each group's int32 sum is scaled in
-float32.
+VPDPBUSD (16 lanes of 4 byte products an instruction) or, on AVX2, with VPMADDUBSW and VPMADDWD
+(the same int32 sums); each group's int32 sum is scaled in float32.
 `quant_gemv_reference` computes the same sums exactly in float64, so the kernel matches it to
 float32 rounding; what quantising x costs in quality is `llmbench quality`'s to measure (against
 the weights' own dequantised product, `dequantize_int4_blocks` / `dequantize_int8_blocks`).
@@ -223,6 +224,11 @@ def check_quant_gemv_args(
     check_bias_and_residual(OP, x, out_features, bias, residual)
 
 
+def _check_has_kernel(backend: CpuExtension) -> None:
+    message = f"the extension ({backend.describe()}) has no int8/int4 kernel (a scalar build)"
+    check_value(OP, backend.has_quant_gemv, message)
+
+
 def quant_gemv(
     backend: CpuExtension,
     x: torch.Tensor,
@@ -237,7 +243,7 @@ def quant_gemv(
     """x [M, K] @ dequant(W)^T (+ bias) (+ residual) → [M, N] through the extension, checked:
     `op` OP (x quantised per group of 32) or GEMM_OP (weight-only)."""
     check_quant_gemv_args(x, codes, scale_zero, scale, out_features, bias, residual)
-    check_value(OP, backend.has_quant_gemv, f"the extension ({backend.describe()}) has no VNNI")
+    _check_has_kernel(backend)
     return backend.op(op)(x, codes, scale_zero, scale, out_features, bias, residual)
 
 
@@ -254,7 +260,7 @@ def dequantize(
     checked: `dequantize_int4_blocks` / `dequantize_int8_blocks` rounded once to `dtype`."""
     x = torch.empty(1, in_features, dtype=dtype)  # stands for the rows W would multiply
     check_quant_gemv_args(x, codes, scale_zero, scale, out_features)
-    check_value(OP, backend.has_quant_gemv, f"the extension ({backend.describe()}) has no VNNI")
+    _check_has_kernel(backend)
     return backend.op(DEQUANTIZE_OP)(codes, scale_zero, scale, out_features, in_features, dtype)
 
 

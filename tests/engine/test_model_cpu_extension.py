@@ -13,7 +13,7 @@ import torch
 from llmbench.engine.hf_folder import HFFolderSource
 from llmbench.engine.model import FUSED_MAX_ROWS, LlamaModel
 from llmbench.engine.paged_attention import Chunk, KVCache, build_attention_batch
-from llmbench.engine.quant.linear import VnniLinear
+from llmbench.engine.quant.linear import ExtensionQuantLinear
 from llmbench.engine.quant.scheme import parse_quantize
 from llmbench.kernels import cpu_extension, cpu_gemv
 from llmbench.kernels.cpu_info import has_native_bf16, this_cpu_flags
@@ -187,7 +187,7 @@ def test_a_fused_quantized_decode_layer_is_the_same_ops_bit_for_bit(tmp_path, qu
     prompt = torch.randint(0, VOCAB, (21,), generator=torch.Generator().manual_seed(4)).tolist()
     fused_model, fused = _logits(folder, torch.bfloat16, prompt, True, quantize)
     has_vnni = cpu_extension.default().has_quant_gemv
-    assert isinstance(fused_model.layers[0].down_proj, VnniLinear) == has_vnni
+    assert isinstance(fused_model.layers[0].down_proj, ExtensionQuantLinear) == has_vnni
     assert fused_model._fused_rows == [FUSED_MAX_ROWS if has_vnni else 0] * 2
     _, op_by_op = _logits(folder, torch.bfloat16, prompt, False, quantize)
     for step, (a, b) in enumerate(zip(fused, op_by_op, strict=True)):

@@ -1,9 +1,10 @@
-"""The extension's int8/int4 VNNI matmul (`kernels.cpu_quant_gemv`): its layouts against the
+"""The extension's int8/int4 matmul (`kernels.cpu_quant_gemv`): its layouts against the
 pure quantisation functions, the kernel against its exact reference (the same integer sums in
 float64) and against the float product of its dequantised weights, its checks and its cost.
-The kernel's tests (marked `vnni`) need a build with AVX-512 VNNI: on a CPU without it (AVX2
-only, an AMD EPYC of the Zen 3 kind) there is no such kernel to test, and they are deselected,
-as `gpu` tests are without a GPU; `test_has_quant_gemv_follows_the_isa` runs everywhere."""
+The kernel's tests (marked `quant_kernel`) need a build for AVX2 or better, which has it (AVX-512
+VNNI's VPDPBUSD or AVX2's byte products: the same sums): a scalar build has none, and there
+they are deselected, as `gpu` tests are without a GPU. `test_has_quant_gemv_follows_the_isa`
+runs everywhere."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ SHAPES = [(960, 576), (7, 40), (13, 100), (4, 32), (40, 64)]
 @pytest.fixture(scope="module")
 def backend() -> cpu_extension.CpuExtension:
     result = cpu_extension.default()
-    assert result.has_quant_gemv, f"no VNNI in this build: {result.describe()}"
+    assert result.has_quant_gemv, f"no int8/int4 kernel in this build: {result.describe()}"
     return result
 
 
@@ -55,7 +56,9 @@ def _layout(weight: torch.Tensor, bits: int):
 
 def test_has_quant_gemv_follows_the_isa():
     assert cpu_extension.CpuExtension("extension", "x", "avx512bf16_vnni", "ns").has_quant_gemv
-    assert not cpu_extension.CpuExtension("extension", "x", "avx512bf16", "ns").has_quant_gemv
+    assert cpu_extension.CpuExtension("extension", "x", "avx512bf16", "ns").has_quant_gemv
+    assert cpu_extension.CpuExtension("extension", "x", "avx2", "ns").has_quant_gemv
+    assert not cpu_extension.CpuExtension("extension", "x", "scalar", "ns").has_quant_gemv
     assert not cpu_extension.CpuExtension("torch", "LLMBENCH_CPU_EXTENSION=torch").has_quant_gemv
 
 
@@ -74,7 +77,7 @@ def test_layouts_hold_the_pure_functions_weights(shape):
     torch.testing.assert_close(unpacked8, dequantize_int8(codes, scale), rtol=0, atol=0)
 
 
-@pytest.mark.vnni
+@pytest.mark.quant_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_extensions_dequantise_is_the_layouts_weights_rounded_once(backend, shape, dtype):
@@ -99,7 +102,7 @@ def test_activation_quantisation_by_hand():
     assert not xq[0, 1].any()
 
 
-@pytest.mark.vnni
+@pytest.mark.quant_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("num_rows", [1, 3, 4, 6, 16])  # the kernel takes x 4 rows at a time
@@ -118,7 +121,7 @@ def test_kernel_matches_its_exact_reference(backend, dtype, shape, num_rows, bit
     torch.testing.assert_close(y.float(), expected.float(), rtol=ulp, atol=atol)
 
 
-@pytest.mark.vnni
+@pytest.mark.quant_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 def test_kernel_is_close_to_the_float_product_of_its_weights(backend, bits):
     """Quantising x per 32 to int8 costs under 1% of the product (rms, Gaussian x)."""
@@ -134,7 +137,7 @@ def test_kernel_is_close_to_the_float_product_of_its_weights(backend, bits):
     assert ((y - exact).norm() / exact.norm()).item() < 0.01
 
 
-@pytest.mark.vnni
+@pytest.mark.quant_kernel
 def test_symmetric_int4_and_bias_and_residual(backend):
     weight, x = _random((13, 100), 6, 0.05), _random((3, 100), 7).bfloat16()
     _, codes, scale_zero = _int4(weight, has_zero=False)
@@ -146,16 +149,16 @@ def test_symmetric_int4_and_bias_and_residual(backend):
 
 # rows: one partial tile of 16, an odd number of tiles (the last pair has one), whole tiles,
 # and more than 128 (every panel dequantised first, x taken 128 rows at a time)
-@pytest.mark.vnni
+@pytest.mark.quant_kernel
 @pytest.mark.parametrize("num_rows", [17, 40, 64, 150])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
-    """bfloat16 x on AMX tiles or AVX-512 BF16 vectors: W dequantised a block at a time;
-    elsewhere (float32 x, or a build without AVX-512 BF16): W dequantised whole, then one
-    addmm. Both are x times the same dequantised W, summed in float32 and rounded once with the
-    bias and residual, where the reference rounds the float64 sum once: at most one unit in the
-    last place apart. (addmm adds one tensor: the residual plus the bias, rounded first.)"""
+    """bfloat16 x on AMX tiles, AVX-512 BF16 vectors or (AVX2) float32 panels: W dequantised
+    a block at a time; float32 x: W dequantised whole, then one addmm. Both are x times the
+    same dequantised W, summed in float32 and rounded once with the bias and residual, where
+    the reference rounds the float64 sum once: at most one unit in the last place apart.
+    (addmm adds one tensor: the residual plus the bias, rounded first.)"""
     weight = _random(shape, 13, 0.05)
     codes, scale_zero, scale = _layout(weight, bits)
     for dtype, ulp in ((torch.bfloat16, 2**-7), (torch.float32, 1e-5)):
@@ -165,7 +168,7 @@ def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
         args = (x, codes, scale_zero, scale, shape[0], bias, residual)
         y = cpu_quant_gemv.quant_gemv(backend, *args, op=cpu_quant_gemv.GEMM_OP)
         expected = cpu_quant_gemv.quant_gemm_reference(*args)
-        if dtype == torch.float32 or not backend.isa.startswith("avx512bf16"):
+        if dtype == torch.float32:
             added = (x, codes, scale_zero, scale, shape[0], None, residual + bias)
             expected = cpu_quant_gemv.quant_gemm_reference(*added)
         assert y.dtype == dtype and y.shape == (num_rows, shape[0])
@@ -173,7 +176,7 @@ def test_weight_only_gemm_matches_its_reference(backend, bits, shape, num_rows):
         torch.testing.assert_close(y.float(), expected.float(), rtol=ulp, atol=1e-4)
 
 
-@pytest.mark.vnni
+@pytest.mark.quant_kernel
 def test_weight_only_gemm_keeps_x_as_it_is(backend):
     """Unlike the decode matmul, the prefill product quantises nothing of x: it is x times the
     dequantised weights to bfloat16's rounding (0.23% rms here; the decode matmul, x
@@ -186,7 +189,7 @@ def test_weight_only_gemm_keeps_x_as_it_is(backend):
     assert ((y.double() - exact).norm() / exact.norm()).item() < 0.003
 
 
-@pytest.mark.vnni
+@pytest.mark.quant_kernel
 def test_argument_errors_name_the_argument(backend):
     weight, x = _random((8, 64), 10, 0.05), _random((1, 64), 11)
     _, codes, scale_zero = _int4(weight)

@@ -5,12 +5,13 @@ report the bytes they hold (`num_bytes`: codes, scales, zero points, bias). `qua
 builds the right one; `engine.linear.make_linear` calls it when the model is quantised, and
 builds a `Linear` otherwise.
 
-CPU with AVX-512 VNNI and the C++ extension (`VnniLinear`, `kernels.cpu_quant_gemv`): int8
-and int4 (groups of 32) in the extension's layouts, x quantised per 32 to int8 in the call as
-llama.cpp does; measured on this machine at load ≈ 3 (three other jobs), the same 120 matrices
-at one row: int4 6.4 ms vs torch's kernel 7.2, int8 6.9 vs 13.0; decode steps of the whole
-model 5.6 ms (int4) and 6.6 ms (int8) against 9.3 ms bfloat16. Other group sizes, and CPUs
-without VNNI, take torch's kernels below.
+CPU with the C++ extension built for AVX2 or better (`ExtensionQuantLinear`,
+`kernels.cpu_quant_gemv`: VPDPBUSD with AVX-512 VNNI, else AVX2's byte products): int8 and int4
+(groups of 32) in the extension's layouts, x quantised per 32 to int8 in the call as llama.cpp
+does; measured on an Intel Xeon (VNNI) at load ≈ 3 (three other jobs), the same 120 matrices at
+one row: int4 6.4 ms vs torch's kernel 7.2, int8 6.9 vs 13.0; decode steps of the whole model
+5.6 ms (int4) and 6.6 ms (int8) against 9.3 ms bfloat16. Other group sizes, and a scalar build
+or none, take torch's kernels below.
 
 CPU otherwise: torch's weight-only kernels, which want bfloat16 activations and scales (their
 float32 and float16 paths are 8-30x slower here); a float32 or float16 model converts x on the
@@ -65,7 +66,7 @@ CPU_COMPUTE_DTYPE = torch.bfloat16
 # Up to this many rows the int8 kernel beats dequantise + oneDNN (table above: 14.4 vs 20.6 ms
 # at 16 rows, even at 32).
 INT8_KERNEL_MAX_ROWS = 16
-# Up to this many rows the extension's VNNI matmul runs (x quantised to int8 per group of 32);
+# Up to this many rows the extension's matmul runs (x quantised to int8 per group of 32);
 # above (prefill), its weight-only `quant_gemm`: a prompt's activations keep their precision.
 # (Measured on the Intel Xeon with AMX, 2 threads, 40 of SmolLM2's layer matrices,
 # int8: the VNNI matmul 3.7 ms at 16 rows, 6.9 at 32; bfloat16 oneDNN 4.7 and 7.0, plus
@@ -74,7 +75,7 @@ INT8_KERNEL_MAX_ROWS = 16
 # AMX, `quant_gemm` overtakes the VNNI matmul between 12 and 16 rows: the 120 matrices at 16
 # rows 12.6 against 14.3 ms int8, 9.8 against 13.2 int4, at 8 rows 13.5 against 9.6 and 10.1
 # against 7.8: too small a gain for a second limit.)
-VNNI_MAX_ROWS = 16
+QUANT_GEMV_MAX_ROWS = 16
 # `_convert_weight_to_int4pack_for_cpu` wants a multiple of 16 output rows.
 INT4_ROW_MULTIPLE = 16
 # `_weight_int8pack_mm` reads the input dimension 16 values at a time: with another in_features
@@ -192,13 +193,14 @@ class Int4Linear:
 
 
 @dataclass(frozen=True)
-class VnniLinear:
+class ExtensionQuantLinear:
     """int8 (per output channel) or int4 (group 32) in the C++ extension's layouts
-    (`kernels.cpu_quant_gemv`: `scale_zero` for int4, `scale` for int8), for AVX-512 VNNI CPUs.
-    Up to `VNNI_MAX_ROWS` rows through the extension's matmul (x quantised per 32 to int8 on
-    the way in, as llama.cpp does); above (prefill), its weight-only `quant_gemm` (bfloat16
-    x: W dequantised a block at a time in cache, met on the AMX tiles or on AVX-512 BF16
-    vectors; elsewhere dequantised whole per call)."""
+    (`kernels.cpu_quant_gemv`: `scale_zero` for int4, `scale` for int8), for a build with
+    AVX2 or better. Up to `QUANT_GEMV_MAX_ROWS` rows through the extension's matmul (x
+    quantised per 32 to int8 on the way in, as llama.cpp does); above (prefill), its
+    weight-only `quant_gemm` (bfloat16 x: W dequantised a block at a time in cache, met on the
+    AMX tiles or on AVX-512 BF16 vectors; elsewhere dequantised whole per call, to float32
+    for bfloat16 x)."""
 
     codes: torch.Tensor
     scale_zero: torch.Tensor | None
@@ -221,12 +223,12 @@ class VnniLinear:
         return cpu_quant_gemv.dequantize_int8_blocks(self.codes, self.scale, n, k)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        op = self.op if x.shape[0] <= VNNI_MAX_ROWS else self.gemm_op
+        op = self.op if x.shape[0] <= QUANT_GEMV_MAX_ROWS else self.gemm_op
         layout = (self.codes, self.scale_zero, self.scale, self.out_features)
         return op(x, *layout, self.bias, residual)
 
 
-QuantLinear = Int8Linear | PackedInt4Linear | Int4Linear | VnniLinear
+QuantLinear = Int8Linear | PackedInt4Linear | Int4Linear | ExtensionQuantLinear
 
 
 def quantize_linear(
@@ -236,13 +238,13 @@ def quantize_linear(
     cpu_extension: CpuExtension | None = None,
 ) -> QuantLinear:
     """The quantised layer for weight [out, in] (and its bias, kept in the model's dtype): on a
-    CPU the extension's layouts where it has the VNNI matmul (int8, int4 in groups of 32),
+    CPU the extension's layouts where it has its int8/int4 matmul (int8, int4 in groups of 32),
     else torch's CPU kernels' layouts; the dequantise-per-call layouts elsewhere."""
     is_cpu = weight.device.type == "cpu"
-    has_vnni = is_cpu and cpu_extension is not None and cpu_extension.has_quant_gemv
-    if has_vnni and (scheme.bits == 8 or scheme.group_size == cpu_quant_gemv.GROUP):
+    has_kernel = is_cpu and cpu_extension is not None and cpu_extension.has_quant_gemv
+    if has_kernel and (scheme.bits == 8 or scheme.group_size == cpu_quant_gemv.GROUP):
         ops = (cpu_extension.op(cpu_quant_gemv.OP), cpu_extension.op(cpu_quant_gemv.GEMM_OP))
-        return vnni_layer(weight, bias, scheme, *ops)
+        return extension_layer(weight, bias, scheme, *ops)
     if scheme.bits == 8:
         return int8_layer(weight, bias, CPU_COMPUTE_DTYPE if is_cpu else weight.dtype)
     if is_cpu:
@@ -250,23 +252,23 @@ def quantize_linear(
     return int4_layer(weight, bias, scheme)
 
 
-def vnni_layer(
+def extension_layer(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     scheme: QuantScheme,
     op: Callable[..., torch.Tensor],
     gemm_op: Callable[..., torch.Tensor],
-) -> VnniLinear:
+) -> ExtensionQuantLinear:
     """The layer in the extension's layouts: int8 scales float32, int4 scales and zero points
     float16 (the codes rounded against the stored values, as `quantize_int4` does)."""
     num_out, num_in = weight.shape
     if scheme.bits == 8:
         codes, scale = quantize_int8(weight, torch.float32)
         packed, scale = cpu_quant_gemv.pack_int8(codes, scale)
-        return VnniLinear(packed, None, scale, num_in, num_out, op, gemm_op, bias)
+        return ExtensionQuantLinear(packed, None, scale, num_in, num_out, op, gemm_op, bias)
     q = quantize_int4(weight, scheme.group_size, scheme.has_zero, torch.float16)
     packed, scale_zero = cpu_quant_gemv.pack_int4(q.codes, q.scale, q.zero)
-    return VnniLinear(packed, scale_zero, None, num_in, num_out, op, gemm_op, bias)
+    return ExtensionQuantLinear(packed, scale_zero, None, num_in, num_out, op, gemm_op, bias)
 
 
 def int8_layer(

@@ -4,7 +4,8 @@
 // which is at once AMX's B operand (a tile per 32 of k: 16 pairs × 16 columns) and VDPBF16PS's,
 // one row of W per 32-bit lane (x's pair broadcast to every lane). Two products read panels:
 // the tiles' (gemv_amx.cpp, llmbench_amx::gemm_quant_bf16) and the vectors' (gemm_vectors.cpp,
-// for CPUs with AVX-512 BF16 and no tiles). Here is what they share: W's and y's descriptions,
+// for CPUs with AVX-512 BF16 and no tiles); on AVX2, float32 panels (gemm_float32_panels.cpp)
+// are met the same way. Here is what they share: W's and y's descriptions,
 // the panel fills of int8 and int4 codes, the loop that fills panels and hands them on, and the
 // write of a row of results.
 //
@@ -69,6 +70,50 @@ void gemm_bf16_vectors(const uint16_t* x, int64_t x_row, int64_t M, int64_t N, i
 void gemm_quant_vectors(const uint16_t* x, int64_t x_row, int64_t M, int64_t N,
                         const QuantWeights& w, int64_t block_begin, int64_t block_end,
                         const Epilogue& epilogue);
+
+// Whether this build has the AVX2 float32 product below (AVX2 without AVX-512 BF16).
+bool float32_panels_available();
+
+// The same product for bfloat16 y with x [M, groups · 32] in float32 (rows x_row apart) on AVX2
+// FMAs (gemm_float32_panels.cpp): each block dequantised once into a float32 panel (its values
+// rounded to bfloat16 first: the weights every path multiplies) and met by every row of x.
+void gemm_quant_float32_panels(const float* x, int64_t x_row, int64_t M, int64_t N,
+                               const QuantWeights& w, int64_t block_begin, int64_t block_end,
+                               const Epilogue& epilogue);
+
+// The blocks of W from block_begin to block_end, each filled into a panel (fill(b, panel)) and
+// handed with the next one to multiply(b, two_n, p0, p1, mc_begin, mc_end): blocks b and b + 1
+// (when two_n) against the chunks of 16 rows of x from mc_begin to mc_end. Up to kMBlock chunks
+// (128 rows), each pair of panels is filled and met by every row at once, in L1/L2. With more
+// rows x itself no longer stays in L2 (2,048 rows of K = 576 are 2.4 MB) and would be read
+// again for every pair, at the L3's speed (on the tiles twice oneDNN's time at 2,048 rows):
+// then every panel is filled first, and x is taken kMBlock chunks at a time, each meeting every
+// panel. panel_size: elements of one panel (bfloat16 bits, or float32 on AVX2).
+template <typename Element = uint16_t, typename Fill, typename Multiply>
+void over_panels(int64_t panel_size, int64_t m_chunks, int64_t block_begin, int64_t block_end,
+                 Fill&& fill, Multiply&& multiply) {
+  constexpr int64_t kMBlock = 8;
+  const bool all_first = m_chunks > kMBlock;
+  const int64_t num_panels = all_first ? block_end - block_begin : 2;
+  std::vector<Element> storage(num_panels * panel_size + 64 / sizeof(Element));
+  Element* panels = reinterpret_cast<Element*>(  // 64-byte aligned: a pair row a cache line
+      (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~static_cast<uintptr_t>(63));
+  if (!all_first) {
+    for (int64_t b = block_begin; b < block_end; b += 2) {
+      const bool two_n = b + 1 < block_end;
+      fill(b, panels);
+      if (two_n) fill(b + 1, panels + panel_size);
+      multiply(b, two_n, panels, panels + panel_size, int64_t{0}, m_chunks);
+    }
+    return;
+  }
+  for (int64_t b = block_begin; b < block_end; ++b) fill(b, panels + (b - block_begin) * panel_size);
+  for (int64_t mc = 0; mc < m_chunks; mc += kMBlock)
+    for (int64_t b = block_begin; b < block_end; b += 2) {
+      const Element* p0 = panels + (b - block_begin) * panel_size;
+      multiply(b, b + 1 < block_end, p0, p0 + panel_size, mc, std::min(mc + kMBlock, m_chunks));
+    }
+}
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 namespace detail {
@@ -174,39 +219,6 @@ inline __mmask16 valid_columns(int64_t N, int64_t n0) {
   return static_cast<__mmask16>((1u << cols) - 1);
 }
 
-// The blocks of W from block_begin to block_end, each filled into a panel (fill(b, panel)) and
-// handed with the next one to multiply(b, two_n, p0, p1, mc_begin, mc_end): blocks b and b + 1
-// (when two_n) against the chunks of 16 rows of x from mc_begin to mc_end. Up to kMBlock chunks
-// (128 rows), each pair of panels is filled and met by every row at once, in L1/L2. With more
-// rows x itself no longer stays in L2 (2,048 rows of K = 576 are 2.4 MB) and would be read
-// again for every pair, at the L3's speed (on the tiles twice oneDNN's time at 2,048 rows):
-// then every panel is filled first, and x is taken kMBlock chunks at a time, each meeting every
-// panel. panel_size: bfloat16 elements of one panel.
-template <typename Fill, typename Multiply>
-void over_panels(int64_t panel_size, int64_t m_chunks, int64_t block_begin, int64_t block_end,
-                 Fill&& fill, Multiply&& multiply) {
-  constexpr int64_t kMBlock = 8;
-  const bool all_first = m_chunks > kMBlock;
-  const int64_t num_panels = all_first ? block_end - block_begin : 2;
-  std::vector<uint16_t> storage(num_panels * panel_size + 32);
-  uint16_t* panels = reinterpret_cast<uint16_t*>(  // 64-byte aligned: a pair row a cache line
-      (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~static_cast<uintptr_t>(63));
-  if (!all_first) {
-    for (int64_t b = block_begin; b < block_end; b += 2) {
-      const bool two_n = b + 1 < block_end;
-      fill(b, panels);
-      if (two_n) fill(b + 1, panels + panel_size);
-      multiply(b, two_n, panels, panels + panel_size, int64_t{0}, m_chunks);
-    }
-    return;
-  }
-  for (int64_t b = block_begin; b < block_end; ++b) fill(b, panels + (b - block_begin) * panel_size);
-  for (int64_t mc = 0; mc < m_chunks; mc += kMBlock)
-    for (int64_t b = block_begin; b < block_end; b += 2) {
-      const uint16_t* p0 = panels + (b - block_begin) * panel_size;
-      multiply(b, b + 1 < block_end, p0, p0 + panel_size, mc, std::min(mc + kMBlock, m_chunks));
-    }
-}
 #endif
 
 }  // namespace llmbench_gemm

@@ -11,10 +11,10 @@ from llmbench.engine.quant import linear as quant_linear
 from llmbench.engine.quant.codes import dequantize_int4, quantize_int4, quantize_int8
 from llmbench.engine.quant.linear import (
     INT8_KERNEL_MAX_ROWS,
+    ExtensionQuantLinear,
     Int4Linear,
     Int8Linear,
     PackedInt4Linear,
-    VnniLinear,
     int4_layer,
     quantize_linear,
 )
@@ -131,7 +131,7 @@ def test_make_linear_quantises_only_when_asked(monkeypatch):
     # The extension's VNNI layouts where it has them (int8, int4 in groups of 32), else torch's.
     vnni = cpu_extension.default().has_quant_gemv
     for name, torch_layer in (("int8", Int8Linear), ("int4:32", PackedInt4Linear)):
-        expected = VnniLinear if vnni else torch_layer
+        expected = ExtensionQuantLinear if vnni else torch_layer
         assert isinstance(make_linear(weight, None, parse_quantize(name)), expected)
     assert isinstance(make_linear(weight, None, parse_quantize("int4:64")), PackedInt4Linear)
     monkeypatch.setattr(

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llmbench.engine.engine import EngineConfig, LLMEngine
-from llmbench.engine.quant.linear import Int8Linear, PackedInt4Linear, VnniLinear
+from llmbench.engine.quant.linear import ExtensionQuantLinear, Int8Linear, PackedInt4Linear
 from llmbench.engine.records import StepRecord
 from llmbench.engine.sampling import SamplingParams
 from llmbench.errors import UserError
@@ -46,9 +46,9 @@ def test_every_linear_layer_is_quantised_and_the_embedding_is_not():
     vnni = cpu_extension.default().has_quant_gemv  # the extension's layouts, else torch's
     for layer in model.layers:
         for matmul in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
-            assert isinstance(matmul, VnniLinear if vnni else PackedInt4Linear)
+            assert isinstance(matmul, ExtensionQuantLinear if vnni else PackedInt4Linear)
     # the lm_head is int8 under int4 layers
-    assert isinstance(model.lm_head, VnniLinear if vnni else Int8Linear)
+    assert isinstance(model.lm_head, ExtensionQuantLinear if vnni else Int8Linear)
     if vnni:  # int4 layers hold scales and zero points, the int8 lm_head one scale per row
         assert model.layers[0].qkv_proj.scale_zero is not None
         assert model.lm_head.scale is not None and model.lm_head.scale_zero is None
