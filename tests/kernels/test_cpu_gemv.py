@@ -25,6 +25,8 @@ def _random(shape, dtype, seed):
 # chunks of 16 rows of x. Without AMX, from 16 rows with K a multiple of 32, bfloat16 goes to
 # the panels: 14 rows of x a pass, then 8, 4, 2, 1 (17, 20, 64, 150), 960 rows of W in whole
 # blocks, 40 and 5 ending in a partial one, and above 128 rows every panel filled first (150).
+# On AVX2 (no bfloat16 products) bfloat16 from 16 rows with K a multiple of 8 goes to float32
+# panels the same way, 6 rows of x a pass, then 4, 2, 1.
 @pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 8, 17, 20, 64, 150])
 @pytest.mark.parametrize(
     "out_features, in_features", [(960, 576), (7, 33), (13, 100), (5, 1536), (40, 64)]

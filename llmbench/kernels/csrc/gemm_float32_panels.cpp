@@ -14,6 +14,7 @@
 #include "gemm_panels.h"
 
 #include <cstring>
+#include <vector>
 
 #include "simd.h"
 
@@ -23,6 +24,10 @@ namespace llmbench_gemm {
 namespace {
 
 constexpr int kRows = 6;  // rows of x a pass over one panel
+// A fill prefetches the block two ahead into L2: read from memory while the two blocks before it
+// are multiplied (without it a fill waited on its rows of W: bfloat16 W from memory at 8 rows of
+// x took 40 ms a pass over SmolLM2's matrices where the row loops take 25).
+constexpr auto kAhead = _MM_HINT_T1;
 
 // The 64 bytes of a chunk (lane n, byte j: row n, k = 4t + j) regrouped by k: bytes[j] holds
 // rows 0 .. 15 at k = 4t + j.
@@ -59,12 +64,15 @@ inline void to_floats(__m128i bytes, __m256 v[2]) {
   v[1] = _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(high) : _mm256_cvtepu8_epi32(high));
 }
 
-// Block b of int8 W as its panel: w = s·q.
-void int8_panel(const QuantWeights& w, int64_t b, float* panel) {
-  const uint8_t* codes = w.codes + b * w.groups * 512;
+// Block b of int8 W as its panel: w = s·q (`ahead`: prefetching block b + 2's codes).
+void int8_panel(const QuantWeights& w, int64_t b, bool ahead, float* panel) {
+  const int64_t block_bytes = w.groups * 512;
+  const uint8_t* codes = w.codes + b * block_bytes;
   const __m256 s[2] = {_mm256_loadu_ps(w.scale + b * kBlockRows),
                        _mm256_loadu_ps(w.scale + b * kBlockRows + 8)};
   for (int64_t t = 0; t < w.groups * 8; ++t) {  // chunks of 4 k
+    if (ahead)
+      _mm_prefetch(reinterpret_cast<const char*>(codes + 2 * block_bytes + t * 64), kAhead);
     __m128i bytes[4];
     chunk_by_k(codes + t * 64, bytes);
     for (int j = 0; j < 4; ++j) {
@@ -80,19 +88,23 @@ void int8_panel(const QuantWeights& w, int64_t b, float* panel) {
 // The same for int4: w = s·(q − 8), then + z, each rounded (no FMA, as quant_dequantize
 // computes it).
 __attribute__((optimize("fp-contract=off"))) void int4_panel(const QuantWeights& w, int64_t b,
-                                                            float* panel) {
-  const uint8_t* codes = w.codes + b * w.groups * 256;
+                                                            bool ahead, float* panel) {
+  const int64_t block_bytes = w.groups * 256;
+  const uint8_t* codes = w.codes + b * block_bytes;
   const __m128i low4 = _mm_set1_epi8(0x0F);
   const __m256 eight = _mm256_set1_ps(8.0f);
   for (int64_t g = 0; g < w.groups; ++g) {
     const auto* sz = reinterpret_cast<const __m128i*>(w.scale_zero + (b * w.groups + g) * 32);
+    if (ahead) _mm_prefetch(reinterpret_cast<const char*>(sz + 4 * 2 * w.groups), kAhead);
     const __m256 s[2] = {_mm256_cvtph_ps(_mm_loadu_si128(sz)),
                          _mm256_cvtph_ps(_mm_loadu_si128(sz + 1))};
     const __m256 z[2] = {_mm256_cvtph_ps(_mm_loadu_si128(sz + 2)),
                          _mm256_cvtph_ps(_mm_loadu_si128(sz + 3))};
     for (int64_t t = 0; t < 4; ++t) {  // chunk t: k 8t .. 8t + 3 (low nibbles), 8t + 4 .. (high)
+      const uint8_t* chunk = codes + (g * 4 + t) * 64;
+      if (ahead) _mm_prefetch(reinterpret_cast<const char*>(chunk + 2 * block_bytes), kAhead);
       __m128i bytes[4];
-      chunk_by_k(codes + (g * 4 + t) * 64, bytes);
+      chunk_by_k(chunk, bytes);
       for (int j = 0; j < 4; ++j) {
         const __m128i nibbles[2] = {_mm_and_si128(bytes[j], low4),
                                     _mm_and_si128(_mm_srli_epi16(bytes[j], 4), low4)};
@@ -106,6 +118,53 @@ __attribute__((optimize("fp-contract=off"))) void int4_panel(const QuantWeights&
           }
         }
       }
+    }
+  }
+}
+
+// 8 rows × 8 k in float32 transposed in registers: r[i] (row i at k .. k + 7) becomes r[j]
+// (k + j for rows 0 .. 7).
+inline void transpose_8x8(__m256 r[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
+    r[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
+  }
+}
+
+// Block b of bfloat16 W [N, K] (K a multiple of 8) as its panel, exactly (a bfloat16 is the
+// top half of its float32); rows past N read `zeros` (`ahead`: prefetching block b + 2's rows;
+// a prefetch past the end of W is dropped, never a fault).
+void bf16_panel(const uint16_t* w, int64_t N, int64_t K, int64_t b, bool ahead,
+                const uint16_t* zeros, float* panel) {
+  for (int half = 0; half < 2; ++half) {
+    const uint16_t* rows[8];
+    for (int i = 0; i < 8; ++i) {
+      const int64_t n = b * kBlockRows + 8 * half + i;
+      rows[i] = n < N ? w + n * K : zeros;
+    }
+    for (int64_t k = 0; k < K; k += 8) {
+      if (ahead && k % 32 == 0)  // a 64-byte line of each of the 8 rows
+        for (int i = 0; i < 8; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(rows[i] + 2 * kBlockRows * K + k), kAhead);
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + k));
+        r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+      }
+      transpose_8x8(r);
+      for (int j = 0; j < 8; ++j) _mm256_store_ps(panel + (k + j) * kBlockRows + 8 * half, r[j]);
     }
   }
 }
@@ -167,6 +226,23 @@ void rows_of_x(const float* x, int64_t x_row, int64_t K, const float* panel, con
   }
 }
 
+// Every row of x [M, K] against W's blocks from block_begin to block_end, filled by
+// fill(b, panel, ahead): `ahead` says whether block b + 2 is one of them, to prefetch as block b
+// is read (it is then on its way while blocks b and b + 1 are multiplied).
+template <typename Fill>
+void rows_times_blocks(const float* x, int64_t x_row, int64_t M, int64_t N, int64_t K,
+                       int64_t block_begin, int64_t block_end, const Epilogue& e, Fill&& fill) {
+  const int64_t m_chunks = (M + kBlockRows - 1) / kBlockRows;
+  auto fill_ahead = [&](int64_t b, float* panel) { fill(b, panel, b + 2 < block_end); };
+  auto multiply = [&](int64_t b, bool two_n, const float* p0, const float* p1, int64_t mc_begin,
+                      int64_t mc_end) {
+    const int64_t m_begin = mc_begin * kBlockRows, m_end = std::min(mc_end * kBlockRows, M);
+    rows_of_x(x, x_row, K, p0, e, N, m_begin, m_end, b * kBlockRows);
+    if (two_n) rows_of_x(x, x_row, K, p1, e, N, m_begin, m_end, (b + 1) * kBlockRows);
+  };
+  over_panels<float>(K * kBlockRows, m_chunks, block_begin, block_end, fill_ahead, multiply);
+}
+
 }  // namespace
 
 bool float32_panels_available() { return true; }
@@ -174,26 +250,32 @@ bool float32_panels_available() { return true; }
 void gemm_quant_float32_panels(const float* x, int64_t x_row, int64_t M, int64_t N,
                                const QuantWeights& w, int64_t block_begin, int64_t block_end,
                                const Epilogue& e) {
-  const int64_t K = w.groups * kChunkK, m_chunks = (M + kBlockRows - 1) / kBlockRows;
-  auto fill = [&](int64_t b, float* panel) {
+  auto fill = [&](int64_t b, float* panel, bool ahead) {
     if (w.is_int4)
-      int4_panel(w, b, panel);
+      int4_panel(w, b, ahead, panel);
     else
-      int8_panel(w, b, panel);
+      int8_panel(w, b, ahead, panel);
   };
-  auto multiply = [&](int64_t b, bool two_n, const float* p0, const float* p1, int64_t mc_begin,
-                      int64_t mc_end) {
-    const int64_t m_begin = mc_begin * kBlockRows, m_end = std::min(mc_end * kBlockRows, M);
-    rows_of_x(x, x_row, K, p0, e, N, m_begin, m_end, b * kBlockRows);
-    if (two_n) rows_of_x(x, x_row, K, p1, e, N, m_begin, m_end, (b + 1) * kBlockRows);
+  rows_times_blocks(x, x_row, M, N, w.groups * kChunkK, block_begin, block_end, e, fill);
+}
+
+void gemm_bf16_float32_panels(const float* x, int64_t x_row, int64_t M, int64_t N, int64_t K,
+                              const uint16_t* w, int64_t block_begin, int64_t block_end,
+                              const Epilogue& e) {
+  const std::vector<uint16_t> zeros(K, 0);
+  auto fill = [&](int64_t b, float* panel, bool ahead) {
+    bf16_panel(w, N, K, b, ahead, zeros.data(), panel);
   };
-  over_panels<float>(K * kBlockRows, m_chunks, block_begin, block_end, fill, multiply);
+  rows_times_blocks(x, x_row, M, N, K, block_begin, block_end, e, fill);
 }
 #else
 bool float32_panels_available() { return false; }
 
 void gemm_quant_float32_panels(const float*, int64_t, int64_t, int64_t, const QuantWeights&,
                                int64_t, int64_t, const Epilogue&) {}
+
+void gemm_bf16_float32_panels(const float*, int64_t, int64_t, int64_t, int64_t, const uint16_t*,
+                              int64_t, int64_t, const Epilogue&) {}
 #endif
 
 }  // namespace llmbench_gemm

@@ -81,6 +81,12 @@ void gemm_quant_float32_panels(const float* x, int64_t x_row, int64_t M, int64_t
                                const QuantWeights& w, int64_t block_begin, int64_t block_end,
                                const Epilogue& epilogue);
 
+// The same for bfloat16 W [N, K] (contiguous, K a multiple of 8), each block's panel its values
+// widened: the product of the AVX2 gemv from kFloat32PanelMinRows rows (gemv.cpp).
+void gemm_bf16_float32_panels(const float* x, int64_t x_row, int64_t M, int64_t N, int64_t K,
+                              const uint16_t* w, int64_t block_begin, int64_t block_end,
+                              const Epilogue& epilogue);
+
 // The blocks of W from block_begin to block_end, each filled into a panel (fill(b, panel)) and
 // handed with the next one to multiply(b, two_n, p0, p1, mc_begin, mc_end): blocks b and b + 1
 // (when two_n) against the chunks of 16 rows of x from mc_begin to mc_end. Up to kMBlock chunks

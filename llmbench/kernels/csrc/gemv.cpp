@@ -314,6 +314,28 @@ at::Tensor gemv_panels(const Problem& p, at::Tensor y) {
 }
 #endif
 
+#if !defined(__AVX512BF16__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// From this many rows of x a bfloat16 product without bfloat16 products (AVX2) runs on
+// gemm_float32_panels.cpp's panels: each block of 16 rows of W widened and transposed once a
+// call, met by 6 rows of x at a time on FMAs. SmolLM2's 120 matrices from memory (AMD EPYC,
+// Zen 3), ms a pass, loops → panels: 8 rows 25 → 33, 16 rows 44 → 48, 32 rows 85 → 78, 64 rows
+// 171 → 142 (warm, gate_up alone: 70 → 100 GFLOP/s at 64 rows).
+constexpr int64_t kFloat32PanelMinRows = 16;
+
+// y = x @ W^T (+ bias) (+ residual) for bfloat16 on float32 panels (x already float32: p.xf),
+// each thread's share of W's 16-row blocks two at a time.
+at::Tensor gemv_float32_panels(const Problem& p, at::Tensor y) {
+  const llmbench_gemm::Epilogue epilogue = bf16_epilogue(p);
+  const int64_t blocks = (p.N + 15) / 16, pairs = (blocks + 1) / 2;
+  at::parallel_for(0, pairs, pairs_per_task(p.K), [&](int64_t begin, int64_t end) {
+    llmbench_gemm::gemm_bf16_float32_panels(p.xf, p.K, p.M, p.N, p.K,
+                                            static_cast<const uint16_t*>(p.w), 2 * begin,
+                                            std::min(2 * end, blocks), epilogue);
+  });
+  return y;
+}
+#endif
+
 std::string isa() { return kIsa; }
 
 }  // namespace
@@ -379,6 +401,9 @@ at::Tensor llmbench_ops::gemv(const at::Tensor& x, const at::Tensor& weight,
 #if defined(__AVX512BF16__)
   if (kind == kBF16 && M >= kPanelMinRows && K % 32 == 0 && !llmbench_amx::available())
     return gemv_panels(p, y);
+#endif
+#if !defined(__AVX512BF16__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (kind == kBF16 && M >= kFloat32PanelMinRows && K % 8 == 0) return gemv_float32_panels(p, y);
 #endif
   const int64_t num_groups = N / kRows;
   // Each thread streams one contiguous block of rows (at least ~64 KiB of W: a smaller matrix
