@@ -443,65 +443,11 @@ at::Tensor quant_gemv(const at::Tensor& x, const at::Tensor& codes,
 // The layouts back to W [N, K] in `dtype`, for products of many rows (prefill), which then run
 // as one dense matmul (oneDNN: on a CPU with AMX, its tiles): int4 w = s·(q − 8) + z, int8
 // w = s·q, each in float32 (a multiply, then an add: as `dequantize_int4_blocks` rounds) and
-// rounded once. Every row block of 16 is one task; the x-independent half of a prefill's cost.
+// rounded once. Every row block of 16 is one task; element by element (a row's 32 codes of a
+// group sit 4 bytes a chunk, chunks 64 bytes apart). Only float32 and float16 x take this path
+// (bfloat16 x meets W on panels, below), and `cpu_quant_gemv.dequantize`.
 
-#if defined(LLMBENCH_QUANT_VNNI)
-template <typename T>
-__attribute__((optimize("fp-contract=off")))  // s·(q − 8), then + z: two roundings, no FMA
-void dequantize_blocks(const QuantProblem& p, T* w) {
-  at::parallel_for(0, p.num_blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t rows = std::min<int64_t>(kRowBlock, p.N - b * kRowBlock);
-      for (int64_t i = 0; i < rows; ++i) {
-        const int64_t n = b * kRowBlock + i;
-        for (int64_t g = 0; g < p.groups; ++g) {
-          const int64_t k0 = g * kGroup, count = std::min<int64_t>(kGroup, p.K - k0);
-          T* out = w + n * p.K + k0;
-          // Row i's 32 codes of group g sit 4 bytes a chunk, chunks 64 bytes apart: gathered.
-          __m512 lo, hi;  // k 0 .. 15 and 16 .. 31 of the group, in float32
-          if (p.is_int4) {
-            const uint8_t* c = p.codes + (b * p.groups + g) * 256 + i * 4;
-            const __m128i bytes = _mm_i32gather_epi32(reinterpret_cast<const int*>(c),
-                                                      _mm_set_epi32(192, 128, 64, 0), 1);
-            const __m128i low4 = _mm_set1_epi8(0x0F);
-            const __m128i q_lo = _mm_and_si128(bytes, low4);  // chunk t: k 8t .. 8t + 3
-            const __m128i q_hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);  // 8t + 4 ..
-            const __m128i first = _mm_unpacklo_epi32(q_lo, q_hi);  // k 0 .. 15
-            const __m128i last = _mm_unpackhi_epi32(q_lo, q_hi);   // k 16 .. 31
-            const c10::Half* sz = p.scale_zero + (b * p.groups + g) * 32;
-            const __m512 s = _mm512_set1_ps(static_cast<float>(sz[i]));
-            const __m512 z = _mm512_set1_ps(static_cast<float>(sz[16 + i]));
-            const __m512 eight = _mm512_set1_ps(8.0f);
-            const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(first));
-            const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(last));
-            lo = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(q0, eight), s), z);
-            hi = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(q1, eight), s), z);
-          } else {
-            const uint8_t* c = p.codes + (b * p.groups + g) * 512 + i * 4;
-            const __m256i chunks = _mm256_set_epi32(448, 384, 320, 256, 192, 128, 64, 0);
-            const __m256i bytes =
-                _mm256_i32gather_epi32(reinterpret_cast<const int*>(c), chunks, 1);
-            const __m512 s = _mm512_set1_ps(p.scale[n]);
-            lo = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes))), s);
-            hi = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1))), s);
-          }
-          const __mmask16 first16 =
-              count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
-          const __mmask16 last16 = count >= 32   ? 0xFFFF
-                                   : count <= 16 ? 0
-                                                 : static_cast<__mmask16>((1u << (count - 16)) - 1);
-          llmbench_simd::store16_masked(out, lo, first16);
-          llmbench_simd::store16_masked(out + 16, hi, last16);
-        }
-      }
-    }
-  });
-}
-#elif defined(LLMBENCH_QUANT_AVX2)
-// The same weights element by element (the compiler vectorises the k loop): a build without
-// AVX-512 has no 16-lane gathers.
+#if defined(LLMBENCH_QUANT_VNNI) || defined(LLMBENCH_QUANT_AVX2)
 template <typename T>
 __attribute__((optimize("fp-contract=off")))  // s·(q − 8), then + z: two roundings, no FMA
 void dequantize_blocks(const QuantProblem& p, T* w) {
