@@ -19,7 +19,7 @@ from llmbench.engine.kernel_ops import cpu_extension
 from llmbench.engine.quant.linear import QuantLinear, quantize_linear
 from llmbench.engine.quant.scheme import QuantScheme
 from llmbench.kernels import cpu_gemv
-from llmbench.kernels.cpu_info import has_native_bf16, this_cpu_flags
+from llmbench.kernels.cpu_info import multiplies_in_float32, this_cpu_flags
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Linear:
     streamed 36.6 GB/s there vs 24.8 native (plain read 48.9), measured in one process; float32
     figures are at `cpu_gemv.MAX_ROWS_F32`. The input-major layout is then not used.
 
-    bfloat16 on a CPU without bfloat16 products (`cpu_info.has_native_bf16`: AVX2 only), where
+    bfloat16 on a CPU without bfloat16 products (`cpu_info.multiplies_in_float32`: AVX2 only), where
     torch's bfloat16 matmul runs at 16-20 GFLOP/s whatever the size: calls of `min_float32_rows`
     rows or more multiply in float32 (W converted each call, 6 bytes an element against 2·rows
     FLOPs: 137 GFLOP/s at a 2,048-row prefill chunk there, `cpu_gemv.MAX_ROWS_BF16_NO_NATIVE`
@@ -54,11 +54,8 @@ class Linear:
     @classmethod
     def build(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         out_features, in_features = weight.shape
-        emulated_bf16 = (
-            weight.device.type == "cpu"
-            and weight.dtype == torch.bfloat16
-            and not has_native_bf16(this_cpu_flags())
-        )
+        dtype_name = str(weight.dtype).removeprefix("torch.")
+        emulated_bf16 = multiplies_in_float32(dtype_name, weight.device.type, this_cpu_flags())
         if weight.device.type == "cpu" and weight.dtype in cpu_gemv.WEIGHT_DTYPES:
             backend = cpu_extension()
             if backend.is_extension:

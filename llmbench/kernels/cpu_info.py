@@ -1,7 +1,7 @@
 """What this CPU is: its name and feature flags, from /proc/cpuinfo (the one reader of it).
 
 The C++ extension picks its instruction set from the flags (`cpu_extension`), the bfloat16
-matmuls their products' dtype (`has_native_bf16`); provenance and
+matmuls their products' dtype (`multiplies_in_float32`); provenance and
 the measured roofs name the device by the model name. Where /proc/cpuinfo cannot be read (macOS,
 a sandbox) the name falls back to `platform` and the flags are empty. Imports no torch: the
 roof probes and provenance read it before torch is loaded.
@@ -36,6 +36,14 @@ def has_native_bf16(flags: frozenset[str]) -> bool:
     only (2026-11-28) torch's bfloat16 matmul ran at 16-20 GFLOP/s at every size where float32
     ran at 137 (x [2048, 576] @ W [3072, 576]^T), and a 512x512 one at 1.3."""
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def multiplies_in_float32(dtype: str, device_type: str, flags: frozenset[str]) -> bool:
+    """Whether `dtype` (torch's name: "bfloat16") is multiplied in float32 on `device_type`:
+    bfloat16 on a CPU without bfloat16 products (`has_native_bf16`). The one rule for the
+    engine's float and int8 layers (`engine.linear.Linear`, `quant.linear.int8_layer`) and the
+    roof probe that times them (`roofline.ceilings`)."""
+    return dtype == "bfloat16" and device_type == "cpu" and not has_native_bf16(flags)
 
 
 def cpu_name() -> str:

@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmbench.kernels.cpu_info import cpu_name, has_native_bf16, this_cpu_flags
+from llmbench.kernels.cpu_info import cpu_name, multiplies_in_float32, this_cpu_flags
 from llmbench.roofline import huge_pages
 
 DEFAULT_BUDGET_S = 60.0  # all the probes of one measurement
@@ -461,14 +461,6 @@ def size_by_time(
             break
         n *= 2
     return n, repeat_until_agreed(lambda: _timed_once(fn, sync, clock), times, is_out_of_time)
-
-
-def multiplies_in_float32(dtype: str, device_type: str, flags: frozenset[str]) -> bool:
-    """Whether the engine multiplies `dtype` in float32 on this device: bfloat16 on a CPU
-    without bfloat16 products (`cpu_info.has_native_bf16`), where torch's own bfloat16 matmul
-    is 8x slower than float32 (`engine.linear.Linear`). Its probe then times that: the roof of
-    a bfloat16 model's prefill there."""
-    return dtype == "bfloat16" and device_type == "cpu" and not has_native_bf16(flags)
 
 
 def _matmul(dtype: str, n: int, device: Any) -> Callable[[], object]:

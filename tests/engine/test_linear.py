@@ -13,7 +13,8 @@ from llmbench.kernels.cpu_extension import CpuExtension
 
 def _emulated_bf16(monkeypatch, is_native: bool) -> None:
     """Build layers as on a CPU with (or without) bfloat16 products, whatever this one has."""
-    monkeypatch.setattr(linear, "has_native_bf16", lambda flags: is_native)
+    flags = {"avx512f", "avx512_bf16"} if is_native else {"avx2", "fma", "f16c"}
+    monkeypatch.setattr(linear, "this_cpu_flags", lambda: frozenset(flags))
 
 
 def _layer_inputs(rows: int):

@@ -59,7 +59,7 @@ from llmbench.engine.quant.codes import (
 from llmbench.engine.quant.scheme import QuantScheme
 from llmbench.kernels import cpu_quant_gemv
 from llmbench.kernels.cpu_extension import CpuExtension
-from llmbench.kernels.cpu_info import has_native_bf16, this_cpu_flags
+from llmbench.kernels.cpu_info import multiplies_in_float32, this_cpu_flags
 
 # The CPU kernels' activation and scale dtype.
 CPU_COMPUTE_DTYPE = torch.bfloat16
@@ -279,11 +279,8 @@ def int8_layer(
     codes, scale = quantize_int8(weight, scale_dtype)
     num_in = weight.shape[1]
     padded_in = -(-num_in // INT8_IN_MULTIPLE) * INT8_IN_MULTIPLE
-    is_float32 = (
-        weight.device.type == "cpu"
-        and scale_dtype == torch.bfloat16
-        and not has_native_bf16(this_cpu_flags())
-    )
+    scale_name = str(scale_dtype).removeprefix("torch.")
+    is_float32 = multiplies_in_float32(scale_name, weight.device.type, this_cpu_flags())
     padded = F.pad(codes, (0, padded_in - num_in))
     return Int8Linear(padded, scale.to(scale_dtype), num_in, bias, is_float32)
 

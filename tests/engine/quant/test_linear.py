@@ -144,7 +144,8 @@ def test_make_linear_quantises_only_when_asked(monkeypatch):
 def test_int8_prefill_dequantises_into_float32_on_a_cpu_without_bf16_products(
     monkeypatch, is_native
 ):
-    monkeypatch.setattr(quant_linear, "has_native_bf16", lambda flags: is_native)
+    flags = {"avx512f", "avx512_bf16"} if is_native else {"avx2", "fma", "f16c"}
+    monkeypatch.setattr(quant_linear, "this_cpu_flags", lambda: frozenset(flags))
     g = torch.Generator().manual_seed(5)
     weight = torch.randn(48, 32, generator=g)
     layer = quant_linear.int8_layer(weight, None, torch.bfloat16)
