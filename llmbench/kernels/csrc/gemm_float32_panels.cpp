@@ -1,19 +1,19 @@
-// Products of many rows of x with int8 or int4 W on AVX2 FMAs in float32, for CPUs without
-// bfloat16 products (an AMD EPYC of the Zen 3 kind, where torch's bfloat16 matmul runs 16-20
-// GFLOP/s and its float32 one 137). Each block of 16 rows of W is dequantised once a call, in
+// Products of many rows of x with int8, int4 or bfloat16 W on AVX2 FMAs in float32, for CPUs
+// without bfloat16 products (an AMD EPYC of the Zen 3 kind, where torch's bfloat16 matmul runs
+// 16-20 GFLOP/s and its float32 one 137). Each block of 16 rows of W is written once a call, in
 // cache, into a float32 panel
 //     panel[16·k + n] = w[16b + n][k]
-// (each value as quant_dequantize computes it, rounded to bfloat16: the weights every other
-// path multiplies) and met by every row of x:
+// (quantised values as quant_dequantize computes them, rounded to bfloat16: the weights every
+// other path multiplies; bfloat16 ones widened, 8 × 8 at a time) and met by every row of x:
 //     acc[m][n] += panel[16·k + n] · x[m][k]     (x[m][k] broadcast; the 16 lanes: 2 vectors)
 // kRows = 6 rows of x hold 12 accumulators, a panel row's two vectors and the broadcast: 15 of
 // the 16 registers. The sums go through gemm_panels.h's Epilogue (bias, residual, one rounding).
 // Dequantising W whole for each call, then one float32 oneDNN matmul, spent more time writing
 // and reading W than multiplying up to a few hundred rows (SmolLM2's 120 matrices at 17 rows:
-// 288 ms, where the decode kernel takes 35 at 16).
+// 288 ms, where the decode kernel takes 35 at 16). Callers: `quant_gemm` (gemv_quant.cpp) and
+// the bfloat16 `gemv` from 16 rows (gemv.cpp).
 #include "gemm_panels.h"
 
-#include <cstring>
 #include <vector>
 
 #include "simd.h"

@@ -229,7 +229,7 @@ void int4_block(const uint8_t* codes, const c10::Half* scale_zero, int64_t group
     for (int h = 0; h < 2; ++h) {
       const auto* sz = reinterpret_cast<const __m128i*>(scale_zero + g * 32 + 8 * h);
       const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(sz));
-      const __m256 z = _mm256_cvtph_ps(_mm_loadu_si128(sz + 2));  // 16 halves on
+      const __m256 z = _mm256_cvtph_ps(_mm_loadu_si128(sz + 2));  // the zero points, 16 on
       const __m256 c = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, z);  // z − 8·s per row
       for (int m = 0; m < NM; ++m) {
         const __m256i isum = _mm256_madd_epi16(psum[m][h], ones);
