@@ -17,8 +17,7 @@ of `--repeats` passes in ms, after one warm-up pass. The paths:
 - `int8 engine`, `int4 engine`: the layers the engine builds with the C++ extension (AVX2 or
   better: `quant.linear.ExtensionQuantLinear`): its int8/int4 matmul up to 16 rows, its
   weight-only `quant_gemm` above (W dequantised a block at a time, met on the AMX tiles or, on
-  a CPU with AVX-512 BF16 and no AMX, on vectors; elsewhere dequantised whole, in float32
-  products for bfloat16 x).
+  a CPU with AVX-512 BF16 and no AMX, on vectors; on AVX2 into float32 panels, met on FMAs).
 """
 
 from __future__ import annotations

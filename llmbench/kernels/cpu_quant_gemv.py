@@ -6,9 +6,9 @@
 Two ops read the layouts. `quant_gemv` (decode: a few rows) quantises x; `quant_gemm` (prefill:
 many rows) is weight-only, x kept as it is: bfloat16 x meets W dequantised to bfloat16 one block
 of 16 rows at a time in cache (`csrc/gemm_panels.h`), on the AMX tiles (`csrc/gemv_amx.cpp`) or
-on AVX-512 BF16 vectors (`csrc/gemm_vectors.cpp`); elsewhere W is dequantised whole to x's dtype
-(`quant_dequantize`; bfloat16 x's to float32, where the build has no bfloat16 products) for one
-oneDNN addmm. Bias and residual are added before y is rounded;
+on AVX-512 BF16 vectors (`csrc/gemm_vectors.cpp`) or, on AVX2, into float32 panels met on FMAs
+(`csrc/gemm_float32_panels.cpp`); float32 or float16 x: W is dequantised whole to x's dtype
+(`quant_dequantize`) for one oneDNN addmm. Bias and residual are added before y is rounded;
 `quant_gemm_reference` is that product in float64.
 
 In `quant_gemv`, x is quantised per call to int8 in groups of 32 along K (scale max|x| / 127),

@@ -199,8 +199,8 @@ class ExtensionQuantLinear:
     AVX2 or better. Up to `QUANT_GEMV_MAX_ROWS` rows through the extension's matmul (x
     quantised per 32 to int8 on the way in, as llama.cpp does); above (prefill), its
     weight-only `quant_gemm` (bfloat16 x: W dequantised a block at a time in cache, met on the
-    AMX tiles or on AVX-512 BF16 vectors; elsewhere dequantised whole per call, to float32
-    for bfloat16 x)."""
+    AMX tiles, on AVX-512 BF16 vectors or, on AVX2, on float32 panels; float32 or float16 x:
+    dequantised whole per call)."""
 
     codes: torch.Tensor
     scale_zero: torch.Tensor | None
