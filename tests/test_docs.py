@@ -6,8 +6,8 @@ written with `bash -euo pipefail`, each in a fresh working folder that holds lin
 `workloads/` and `benchmarks/`, and must exit 0 within `BLOCK_TIMEOUT_S` (a block meant to fail
 says so itself: `... || test $? -eq 1`). A block that starts a server stops it itself: whatever a
 block leaves running fails it. All blocks share one temporary `LLMBENCH_CACHE`, so the machine's
-roofs are measured once per session; the CPU C++ extension already built in the user's cache is
-linked in rather than compiled again (a build is per machine, not what a doc shows). Blocks get
+roofs are measured once per session; the CPU C++ extension is built once into the session's cache
+and linked in (`tests.fresh_cache`: a build is per machine, not what a doc shows). Blocks get
 `PIP_NO_INDEX=1`: one that needs a download (the default model) fails instead of fetching it;
 and one compute thread (`OMP_NUM_THREADS=1`, see `block_env`).
 """
@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.fresh_cache import fresh_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -95,13 +97,7 @@ def _anchors(path: Path) -> set[str]:
 def block_env(tmp_path_factory) -> dict[str, str]:
     """The environment every block runs in: this interpreter's scripts first on PATH, one shared
     temporary llmbench cache, no package index, and nothing of the test run's own."""
-    cache = tmp_path_factory.mktemp("llmbench-cache")
-    user_cache = Path(os.environ.get("LLMBENCH_CACHE") or Path.home() / ".cache" / "llmbench")
-    built = user_cache / "cpp_extensions"
-    if built.is_dir():
-        (cache / "cpp_extensions").mkdir()
-        for build in built.iterdir():
-            (cache / "cpp_extensions" / build.name).symlink_to(build)
+    cache = fresh_cache(tmp_path_factory.mktemp("llmbench-cache"))
     env = dict(os.environ)
     for name in ("TRITON_INTERPRET", "GITHUB_STEP_SUMMARY", "PYTEST_CURRENT_TEST"):
         env.pop(name, None)  # the conftest's Triton interpreter; CI's job summary

@@ -17,6 +17,7 @@ from benchmarks.gpu.plan import CPU_DRY_RUN, GPU, STEPS
 from benchmarks.gpu.report import above_roof, markdown, roof_rows, steps_only, targets
 from benchmarks.gpu.sitting import pytest_files
 from benchmarks.gpu.step_process import StepOutcome, run_step
+from tests.fresh_cache import fresh_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_FILES = {
@@ -39,7 +40,7 @@ def dry_run(tmp_path_factory):
         PYTHON=sys.executable,
         OUT=str(out),
         LLMBENCH_SITTING_INJECT="roofs",
-        LLMBENCH_CACHE=str(tmp_path_factory.mktemp("llmbench-cache")),
+        LLMBENCH_CACHE=str(fresh_cache(tmp_path_factory.mktemp("llmbench-cache"))),
         OMP_NUM_THREADS="1",  # a shared 2-core machine: see tests/test_docs.py
     )
     done = subprocess.run(

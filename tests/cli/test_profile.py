@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.cli.helpers import assert_user_error, llmbench
+from tests.fresh_cache import fresh_cache
 
 
 def write_roofs_cache(cache) -> None:
@@ -51,7 +52,7 @@ def write_roofs_cache(cache) -> None:
 
 
 def test_profile_prints_a_table_and_writes_json_and_html(tmp_path):
-    write_roofs_cache(tmp_path / "cache")
+    write_roofs_cache(fresh_cache(tmp_path / "cache"))
     out_json, out_html = tmp_path / "profile.json", tmp_path / "profile.html"
     args = ["-m", "synthetic:tiny", "--batch", "1,2", "--context", "32", "--steps", "2"]
     result = llmbench(

@@ -3,17 +3,18 @@
 // dtype (rounded once, after the adds).
 //
 // Built for small M (decode: 1-4 rows per call) where the product is bound by reading W once:
-// each thread streams its own contiguous block of W's rows, R = 4 rows at a time, and applies
-// each loaded chunk of W to every row of x (x stays in L1). With M > 4 the rows of x are taken
-// 4 at a time over the same 4 rows of W, which are then still in L1: W is read from memory once
-// whatever M is.
+// each thread streams its own contiguous block of W's rows, R = 4 rows at a time (AVX2: one at
+// a time up to K = 1024), and applies each loaded chunk of W to every row of x (x stays in L1).
+// With M > 4 the rows of x are taken 4 at a time over the same rows of W, which are then still
+// in L1: W is read from memory once whatever M is.
 //
 // One source, compiled for the best instruction set the building machine has (the Python side
 // picks the flags from /proc/cpuinfo):
 //   __AVX512BF16__       bf16: VDPBF16PS on 32 bf16 pairs per instruction (x is bf16 already);
 //                         f16: 16 halves -> float32 (VCVTPH2PS), FMA
 //   __AVX512F__          bf16 -> float32 by a 16-bit shift, f16 by VCVTPH2PS; 16-wide FMA
-//   __AVX2__ + __F16C__  the same, 8-wide
+//   AVX2 + F16C + FMA    8-wide FMA; bf16 read 16 at a time, split into even and odd elements
+//                         by a shift and a mask (x split alike once a call): gemv_rows
 //   otherwise            scalar loops
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -104,9 +105,9 @@ inline int64_t elem_bytes(Kind kind) { return kind == kF32 ? 4 : 2; }
 template <int NM, int NR, Kind KIND>
 void dot_rows_float(const float* xf, int64_t K, const void* wv_base, float acc[kMaxM][kRows]) {
   int64_t k = 0;
+#if defined(__AVX512F__)
   const uint16_t* w = static_cast<const uint16_t*>(wv_base);
   const float* wf = static_cast<const float*>(wv_base);
-#if defined(__AVX512F__)
   __m512 a[NM][NR];
   for (int m = 0; m < NM; ++m)
     for (int r = 0; r < NR; ++r) a[m][r] = _mm512_setzero_ps();
@@ -129,38 +130,6 @@ void dot_rows_float(const float* xf, int64_t K, const void* wv_base, float acc[k
     }
   }
   store_sums<NM, NR>(a, acc);
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  __m256 a[NM][NR];
-  for (int m = 0; m < NM; ++m)
-    for (int r = 0; r < NR; ++r) a[m][r] = _mm256_setzero_ps();
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv[NR];
-    for (int r = 0; r < NR; ++r) {
-      // 16-bit W: a line a row, two blocks of rows ahead, into L2, as the VDPBF16PS loop does
-      // (on an AVX2-only AMD EPYC, the model's matrices at one row: 12-20% faster)
-      if (LLMBENCH_GEMV_PREFETCH && KIND != kF32 && k % 32 == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (r + 2 * NR) * K + k), _MM_HINT_T1);
-      if (KIND == kF32) {
-        wv[r] = _mm256_loadu_ps(wf + r * K + k);
-      } else {
-        __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * K + k));
-        wv[r] = KIND == kBF16
-                    ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))
-                    : _mm256_cvtph_ps(raw);
-      }
-    }
-    for (int m = 0; m < NM; ++m) {
-      __m256 xv = _mm256_loadu_ps(xf + m * K + k);
-      for (int r = 0; r < NR; ++r) a[m][r] = _mm256_fmadd_ps(wv[r], xv, a[m][r]);
-    }
-  }
-  for (int m = 0; m < NM; ++m)
-    for (int r = 0; r < NR; ++r) {
-      __m128 s = _mm_add_ps(_mm256_castps256_ps128(a[m][r]), _mm256_extractf128_ps(a[m][r], 1));
-      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-      s = _mm_add_ss(s, _mm_movehdup_ps(s));
-      acc[m][r] = _mm_cvtss_f32(s);
-    }
 #else
   for (int m = 0; m < NM; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = 0.0f;
@@ -217,6 +186,13 @@ struct Problem {
   bool use_dpbf16;
 };
 
+// y[m, n] = v (+ bias[n]) (+ residual[m, n]), rounded once to y's dtype.
+inline void finish(const Problem& p, int64_t m, int64_t n, float v) {
+  if (p.bias) v += to_float(p.bias, n, p.kind);
+  if (p.residual) v += to_float(p.residual, m * p.res_row + n, p.kind);
+  store(p.y, m * p.N + n, v, p.kind);
+}
+
 template <int NM, int NR>
 void block(const Problem& p, int64_t n0, int64_t m0) {
   float acc[kMaxM][kRows];
@@ -235,15 +211,8 @@ void block(const Problem& p, int64_t n0, int64_t m0) {
   } else {
     dot_rows_float<NM, NR, kF16>(xf, p.K, w, acc);
   }
-  for (int m = 0; m < NM; ++m) {
-    for (int r = 0; r < NR; ++r) {
-      const int64_t n = n0 + r;
-      float v = acc[m][r];
-      if (p.bias) v += to_float(p.bias, n, p.kind);
-      if (p.residual) v += to_float(p.residual, (m0 + m) * p.res_row + n, p.kind);
-      store(p.y, (m0 + m) * p.N + n, v, p.kind);
-    }
-  }
+  for (int m = 0; m < NM; ++m)
+    for (int r = 0; r < NR; ++r) finish(p, m0 + m, n0 + r, acc[m][r]);
 }
 
 template <int NR>
@@ -336,6 +305,183 @@ at::Tensor gemv_float32_panels(const Problem& p, at::Tensor y) {
 }
 #endif
 
+#if defined(LLMBENCH_AVX2)
+// Below the panels, an AVX2 build reads W one row at a time, each thread its contiguous share
+// of rows: a single sequential stream the hardware prefetcher follows, where 4 rows at a time
+// (below) are 4 short streams that needed software prefetches. A bfloat16 row is read 16
+// elements a load and widened by a shift (the even elements) and a mask (the odd ones), so x
+// comes split the same way: within each 16 elements, its 8 even then its 8 odd (the tail past
+// the last 16 as it is). A plain 2-thread read of 256 MB of bfloat16 rows of 576 (AMD EPYC,
+// Zen 3): 4 rows, prefetched, widened by VPMOVZXWD 18-21 GB/s; one row, widened in place, 24-28.
+constexpr int64_t kSplit = 16;  // elements a step: 32 bytes of bfloat16, 8 pairs
+// Longer rows than this go kRows at a time, prefetched: at K = 1536 one row at a time read
+// 23.5 GB/s, 4 rows 26.7 (the same plain read, median of 21).
+constexpr int64_t kOneRowMaxK = 1024;
+
+// x [M, K] as float32, each 16 elements split into their 8 even and 8 odd (bfloat16 W), or as
+// it is (float32 and float16 W).
+std::vector<float> x_for_rows(const Problem& p) {
+  const int64_t M = p.M, K = p.K, whole = K / kSplit * kSplit;
+  std::vector<float> xs(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = xs.data() + m * K;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = to_float(p.x, m * p.x_row + k, p.kind);
+      const int64_t at = p.kind == kBF16 && k < whole
+                             ? k / kSplit * kSplit + (k % 2) * (kSplit / 2) + (k % kSplit) / 2
+                             : k;
+      row[at] = v;
+    }
+  }
+  return xs;
+}
+
+// The 16 elements of W at w as two float32 vectors matching x_for_rows' order.
+template <Kind KIND>
+inline void load16(const void* w, int64_t k, __m256& lo, __m256& hi) {
+  if (KIND == kF32) {
+    const float* f = static_cast<const float*>(w) + k;
+    lo = _mm256_loadu_ps(f);
+    hi = _mm256_loadu_ps(f + 8);
+  } else if (KIND == kF16) {
+    const __m128i* h = reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + k);
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(h));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
+  } else {
+    const __m256i raw =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + k));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(int(0xFFFF0000u))));
+  }
+}
+
+// acc[m] = x[m, :] . W row for NM rows of x (xs: x_for_rows' layout), 2·U sums a row of x
+// (U = 2 for 1-2 rows: enough FMAs in flight when the row is in cache).
+template <int NM, Kind KIND>
+void dot_row(const float* xs, int64_t K, const void* w, float acc[kMaxM]) {
+  constexpr int U = NM <= 2 ? 2 : 1;
+  __m256 a[NM][2 * U];
+  for (int m = 0; m < NM; ++m)
+    for (int i = 0; i < 2 * U; ++i) a[m][i] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + kSplit * U <= K; k += kSplit * U) {
+    for (int u = 0; u < U; ++u) {
+      __m256 lo, hi;
+      load16<KIND>(w, k + kSplit * u, lo, hi);
+      for (int m = 0; m < NM; ++m) {
+        const float* x = xs + m * K + k + kSplit * u;
+        a[m][2 * u] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), a[m][2 * u]);
+        a[m][2 * u + 1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 8), a[m][2 * u + 1]);
+      }
+    }
+  }
+  for (; k + kSplit <= K; k += kSplit) {  // U = 2 with one step of 16 left
+    __m256 lo, hi;
+    load16<KIND>(w, k, lo, hi);
+    for (int m = 0; m < NM; ++m) {
+      const float* x = xs + m * K + k;
+      a[m][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), a[m][0]);
+      a[m][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 8), a[m][1]);
+    }
+  }
+  for (int m = 0; m < NM; ++m) {
+    __m256 sum = a[m][0];
+    for (int i = 1; i < 2 * U; ++i) sum = _mm256_add_ps(sum, a[m][i]);
+    acc[m] = llmbench_simd::sum8(sum);
+  }
+  for (; k < K; ++k) {  // the tail, x in its own order
+    const float wk = to_float(w, k, KIND);
+    for (int m = 0; m < NM; ++m) acc[m] += wk * xs[m * K + k];
+  }
+}
+
+// acc[m][r] = x[m, :] . W[r, :] for NM rows of x and kRows rows of W at w (each step's loads
+// of the next rows two blocks ahead prefetched into L2), one sum per pair (m, r).
+template <int NM, Kind KIND>
+void dot_rows4(const float* xs, int64_t K, const void* w, float acc[kMaxM][kRows]) {
+  const int64_t row_bytes = K * elem_bytes(KIND);
+  const char* base = static_cast<const char*>(w);
+  __m256 a[NM][kRows];
+  for (int m = 0; m < NM; ++m)
+    for (int r = 0; r < kRows; ++r) a[m][r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + kSplit <= K; k += kSplit) {
+    for (int r = 0; r < kRows; ++r) {
+      const char* row = base + r * row_bytes;
+      if (LLMBENCH_GEMV_PREFETCH)
+        _mm_prefetch(row + 2 * kRows * row_bytes + k * elem_bytes(KIND), _MM_HINT_T1);
+      __m256 lo, hi;
+      load16<KIND>(row, k, lo, hi);
+      for (int m = 0; m < NM; ++m) {
+        const float* x = xs + m * K + k;
+        a[m][r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), a[m][r]);
+        a[m][r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 8), a[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < NM; ++m)
+    for (int r = 0; r < kRows; ++r) acc[m][r] = llmbench_simd::sum8(a[m][r]);
+  for (; k < K; ++k)  // the tail, x in its own order
+    for (int r = 0; r < kRows; ++r) {
+      const float wk = to_float(base + r * row_bytes, k, KIND);
+      for (int m = 0; m < NM; ++m) acc[m][r] += wk * xs[m * K + k];
+    }
+}
+
+// Rows [begin, end) of W, one at a time (ROWS = 1) or kRows at a time, each against every row
+// of x, kMaxM rows of x at a time (W's rows are in L1 after the first).
+template <int ROWS, Kind KIND>
+void rows_of_w_split(const Problem& p, const float* xs, int64_t begin, int64_t end) {
+  const int64_t row_bytes = p.K * elem_bytes(KIND);
+  float acc[kMaxM][kRows];
+  float one[kMaxM];
+  int64_t n = begin;
+  for (; n + ROWS <= end; n += ROWS) {
+    const void* w = static_cast<const char*>(p.w) + n * row_bytes;
+    for (int64_t m0 = 0; m0 < p.M; m0 += kMaxM) {
+      const int64_t nm = std::min<int64_t>(kMaxM, p.M - m0);
+      const float* x = xs + m0 * p.K;
+      if (ROWS == 1) {
+        if (nm == 1) dot_row<1, KIND>(x, p.K, w, one);
+        else if (nm == 2) dot_row<2, KIND>(x, p.K, w, one);
+        else if (nm == 3) dot_row<3, KIND>(x, p.K, w, one);
+        else dot_row<4, KIND>(x, p.K, w, one);
+        for (int64_t m = 0; m < nm; ++m) finish(p, m0 + m, n, one[m]);
+      } else {
+        if (nm == 1) dot_rows4<1, KIND>(x, p.K, w, acc);
+        else if (nm == 2) dot_rows4<2, KIND>(x, p.K, w, acc);
+        else if (nm == 3) dot_rows4<3, KIND>(x, p.K, w, acc);
+        else dot_rows4<4, KIND>(x, p.K, w, acc);
+        for (int64_t m = 0; m < nm; ++m)
+          for (int r = 0; r < ROWS; ++r) finish(p, m0 + m, n + r, acc[m][r]);
+      }
+    }
+  }
+  if (n < end) rows_of_w_split<1, KIND>(p, xs, n, end);  // the last rows of a 4-row share
+}
+
+// y = x @ W^T (+ bias) (+ residual) below the panels; each thread streams one contiguous block
+// of rows (at least ~64 KiB of W: a smaller matrix runs on the calling thread).
+at::Tensor gemv_rows(const Problem& p, at::Tensor y) {
+  const std::vector<float> xs = x_for_rows(p);
+  const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / (p.K * elem_bytes(p.kind)));
+  const bool one = p.K <= kOneRowMaxK;
+  at::parallel_for(0, p.N, per_task, [&](int64_t begin, int64_t end) {
+    if (p.kind == kBF16) {
+      if (one) rows_of_w_split<1, kBF16>(p, xs.data(), begin, end);
+      else rows_of_w_split<kRows, kBF16>(p, xs.data(), begin, end);
+    } else if (p.kind == kF16) {
+      if (one) rows_of_w_split<1, kF16>(p, xs.data(), begin, end);
+      else rows_of_w_split<kRows, kF16>(p, xs.data(), begin, end);
+    } else {
+      if (one) rows_of_w_split<1, kF32>(p, xs.data(), begin, end);
+      else rows_of_w_split<kRows, kF32>(p, xs.data(), begin, end);
+    }
+  });
+  return y;
+}
+#endif
+
 std::string isa() { return kIsa; }
 
 }  // namespace
@@ -383,6 +529,9 @@ at::Tensor llmbench_ops::gemv(const at::Tensor& x, const at::Tensor& weight,
   p.use_dpbf16 = kind == kBF16;
 #else
   p.use_dpbf16 = false;
+#endif
+#if defined(LLMBENCH_AVX2)
+  if (!(kind == kBF16 && M >= kFloat32PanelMinRows && K % 8 == 0)) return gemv_rows(p, y);
 #endif
   std::vector<float> xf;
   p.xf = nullptr;
