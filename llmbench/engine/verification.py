@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from llmbench.engine.sampling import apply_logit_bias, sample, sampling_probs
+from llmbench.engine.sampling import apply_logit_bias, greedy_ids, sample, sampling_probs
 from llmbench.engine.scheduler import ScheduledSeq
 
 
@@ -104,9 +104,9 @@ def verify(logits: torch.Tensor, items: Sequence[ScheduledSeq]) -> list[list[int
         tokens = sample(logits[rows], [s.params for s in seqs], [s.generator for s in seqs])
         for i, token in zip(plain, tokens.tolist(), strict=True):
             results[i] = [token]
-    greedy_ids = None
+    greedy = None
     if any(item.spec_token_ids and item.seq.params.is_greedy for item in items):
-        greedy_ids = apply_logit_bias(logits, row_params).argmax(dim=-1).tolist()  # [R]
+        greedy = greedy_ids(apply_logit_bias(logits, row_params)).tolist()  # [R]
     # The target's distributions of every sampled verification's rows, in one call.
     sampled_rows, row = [], 0
     for item in items:
@@ -124,7 +124,7 @@ def verify(logits: torch.Tensor, items: Sequence[ScheduledSeq]) -> list[list[int
         if num_drafts:
             seq = item.seq
             if seq.params.is_greedy:
-                target_ids = greedy_ids[row : row + num_drafts + 1]
+                target_ids = greedy[row : row + num_drafts + 1]
                 results[i] = accept_greedy(item.spec_token_ids, target_ids)
             else:
                 p = probs[sampled : sampled + num_drafts + 1]
