@@ -193,6 +193,26 @@ inline void finish(const Problem& p, int64_t m, int64_t n, float v) {
   store(p.y, m * p.N + n, v, p.kind);
 }
 
+// Elements a step of the AVX2 row loops (gemv_rows): 32 bytes of bfloat16, 8 pairs.
+constexpr int64_t kSplit = 16;
+
+// x [M, K] as float32, converted once a call, not once per row of W. split_pairs (the AVX2 row
+// loops' bfloat16 W): each 16 elements as their 8 even then their 8 odd, the tail past the last
+// 16 as it is.
+std::vector<float> x_as_float(const Problem& p, bool split_pairs) {
+  const int64_t M = p.M, K = p.K, whole = split_pairs ? K / kSplit * kSplit : 0;
+  std::vector<float> xf(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = xf.data() + m * K;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t at =
+          k < whole ? k / kSplit * kSplit + (k % 2) * (kSplit / 2) + (k % kSplit) / 2 : k;
+      row[at] = to_float(p.x, m * p.x_row + k, p.kind);
+    }
+  }
+  return xf;
+}
+
 template <int NM, int NR>
 void block(const Problem& p, int64_t n0, int64_t m0) {
   float acc[kMaxM][kRows];
@@ -290,6 +310,9 @@ at::Tensor gemv_panels(const Problem& p, at::Tensor y) {
 // Zen 3), ms a pass, loops → panels: 8 rows 25 → 33, 16 rows 44 → 48, 32 rows 85 → 78, 64 rows
 // 171 → 142 (warm, gate_up alone: 70 → 100 GFLOP/s at 64 rows).
 constexpr int64_t kFloat32PanelMinRows = 16;
+inline bool on_float32_panels(const Problem& p) {
+  return p.kind == kBF16 && p.M >= kFloat32PanelMinRows && p.K % 8 == 0;
+}
 
 // y = x @ W^T (+ bias) (+ residual) for bfloat16 on float32 panels (x already float32: p.xf),
 // each thread's share of W's 16-row blocks two at a time.
@@ -313,30 +336,11 @@ at::Tensor gemv_float32_panels(const Problem& p, at::Tensor y) {
 // comes split the same way: within each 16 elements, its 8 even then its 8 odd (the tail past
 // the last 16 as it is). A plain 2-thread read of 256 MB of bfloat16 rows of 576 (AMD EPYC,
 // Zen 3): 4 rows, prefetched, widened by VPMOVZXWD 18-21 GB/s; one row, widened in place, 24-28.
-constexpr int64_t kSplit = 16;  // elements a step: 32 bytes of bfloat16, 8 pairs
 // Longer rows than this go kRows at a time, prefetched: at K = 1536 one row at a time read
 // 23.5 GB/s, 4 rows 26.7 (the same plain read, median of 21).
 constexpr int64_t kOneRowMaxK = 1024;
 
-// x [M, K] as float32, each 16 elements split into their 8 even and 8 odd (bfloat16 W), or as
-// it is (float32 and float16 W).
-std::vector<float> x_for_rows(const Problem& p) {
-  const int64_t M = p.M, K = p.K, whole = K / kSplit * kSplit;
-  std::vector<float> xs(M * K);
-  for (int64_t m = 0; m < M; ++m) {
-    float* row = xs.data() + m * K;
-    for (int64_t k = 0; k < K; ++k) {
-      const float v = to_float(p.x, m * p.x_row + k, p.kind);
-      const int64_t at = p.kind == kBF16 && k < whole
-                             ? k / kSplit * kSplit + (k % 2) * (kSplit / 2) + (k % kSplit) / 2
-                             : k;
-      row[at] = v;
-    }
-  }
-  return xs;
-}
-
-// The 16 elements of W at w as two float32 vectors matching x_for_rows' order.
+// The 16 elements of W at w as two float32 vectors matching x_as_float's order.
 template <Kind KIND>
 inline void load16(const void* w, int64_t k, __m256& lo, __m256& hi) {
   if (KIND == kF32) {
@@ -355,7 +359,7 @@ inline void load16(const void* w, int64_t k, __m256& lo, __m256& hi) {
   }
 }
 
-// acc[m] = x[m, :] . W row for NM rows of x (xs: x_for_rows' layout), 2·U sums a row of x
+// acc[m] = x[m, :] . W row for NM rows of x (xs: x_as_float's layout), 2·U sums a row of x
 // (U = 2 for 1-2 rows: enough FMAs in flight when the row is in cache).
 template <int NM, Kind KIND>
 void dot_row(const float* xs, int64_t K, const void* w, float acc[kMaxM]) {
@@ -441,7 +445,7 @@ void rows_of_w_split(const Problem& p, const float* xs, int64_t begin, int64_t e
     for (int64_t m0 = 0; m0 < p.M; m0 += kMaxM) {
       const int64_t nm = std::min<int64_t>(kMaxM, p.M - m0);
       const float* x = xs + m0 * p.K;
-      if (ROWS == 1) {
+      if constexpr (ROWS == 1) {
         if (nm == 1) dot_row<1, KIND>(x, p.K, w, one);
         else if (nm == 2) dot_row<2, KIND>(x, p.K, w, one);
         else if (nm == 3) dot_row<3, KIND>(x, p.K, w, one);
@@ -460,23 +464,21 @@ void rows_of_w_split(const Problem& p, const float* xs, int64_t begin, int64_t e
   if (n < end) rows_of_w_split<1, KIND>(p, xs, n, end);  // the last rows of a 4-row share
 }
 
+template <Kind KIND>
+void share_of_rows(const Problem& p, const float* xs, int64_t begin, int64_t end) {
+  if (p.K <= kOneRowMaxK) rows_of_w_split<1, KIND>(p, xs, begin, end);
+  else rows_of_w_split<kRows, KIND>(p, xs, begin, end);
+}
+
 // y = x @ W^T (+ bias) (+ residual) below the panels; each thread streams one contiguous block
 // of rows (at least ~64 KiB of W: a smaller matrix runs on the calling thread).
 at::Tensor gemv_rows(const Problem& p, at::Tensor y) {
-  const std::vector<float> xs = x_for_rows(p);
+  const std::vector<float> xs = x_as_float(p, p.kind == kBF16);
   const int64_t per_task = std::max<int64_t>(1, (64 * 1024) / (p.K * elem_bytes(p.kind)));
-  const bool one = p.K <= kOneRowMaxK;
   at::parallel_for(0, p.N, per_task, [&](int64_t begin, int64_t end) {
-    if (p.kind == kBF16) {
-      if (one) rows_of_w_split<1, kBF16>(p, xs.data(), begin, end);
-      else rows_of_w_split<kRows, kBF16>(p, xs.data(), begin, end);
-    } else if (p.kind == kF16) {
-      if (one) rows_of_w_split<1, kF16>(p, xs.data(), begin, end);
-      else rows_of_w_split<kRows, kF16>(p, xs.data(), begin, end);
-    } else {
-      if (one) rows_of_w_split<1, kF32>(p, xs.data(), begin, end);
-      else rows_of_w_split<kRows, kF32>(p, xs.data(), begin, end);
-    }
+    if (p.kind == kBF16) share_of_rows<kBF16>(p, xs.data(), begin, end);
+    else if (p.kind == kF16) share_of_rows<kF16>(p, xs.data(), begin, end);
+    else share_of_rows<kF32>(p, xs.data(), begin, end);
   });
   return y;
 }
@@ -531,16 +533,14 @@ at::Tensor llmbench_ops::gemv(const at::Tensor& x, const at::Tensor& weight,
   p.use_dpbf16 = false;
 #endif
 #if defined(LLMBENCH_AVX2)
-  if (!(kind == kBF16 && M >= kFloat32PanelMinRows && K % 8 == 0)) return gemv_rows(p, y);
+  if (!on_float32_panels(p)) return gemv_rows(p, y);
 #endif
   std::vector<float> xf;
   p.xf = nullptr;
   if (kind == kF32 && p.x_row == K) {  // already float32 [M, K]
     p.xf = static_cast<const float*>(p.x);
-  } else if (!p.use_dpbf16) {  // x to float32 once, not once per row of W
-    xf.resize(M * K);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) xf[m * K + k] = to_float(p.x, m * p.x_row + k, kind);
+  } else if (!p.use_dpbf16) {
+    xf = x_as_float(p, false);
     p.xf = xf.data();
   }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -552,7 +552,7 @@ at::Tensor llmbench_ops::gemv(const at::Tensor& x, const at::Tensor& weight,
     return gemv_panels(p, y);
 #endif
 #if !defined(__AVX512BF16__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (kind == kBF16 && M >= kFloat32PanelMinRows && K % 8 == 0) return gemv_float32_panels(p, y);
+  if (on_float32_panels(p)) return gemv_float32_panels(p, y);
 #endif
   const int64_t num_groups = N / kRows;
   // Each thread streams one contiguous block of rows (at least ~64 KiB of W: a smaller matrix
