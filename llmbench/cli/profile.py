@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from llmbench.cli.options import THREADS, check_file_option
+from llmbench.cli.options import QUANTIZE_HELP, THREADS, check_file_option
 from llmbench.cli.roofline import _sizes
 from llmbench.errors import UserError
 
@@ -19,6 +19,7 @@ from llmbench.errors import UserError
     "--model", "-m", required=True, help="preset (synthetic:<name> or <name>), folder or .gguf"
 )
 @click.option("--dtype", default="bfloat16", show_default=True, help="float32, bfloat16, float16")
+@click.option("--quantize", default="none", show_default=True, help=QUANTIZE_HELP)
 @click.option("--batch", default="1", show_default=True, help="sequences per step, e.g. 1,8,32")
 @click.option("--context", default="1k", show_default=True, help="context length(s), e.g. 512,4k")
 @click.option("--phase", default="decode", show_default=True, help="decode or prefill")
@@ -29,6 +30,7 @@ from llmbench.errors import UserError
 def profile(
     model: str,
     dtype: str,
+    quantize: str,
     batch: str,
     context: str,
     phase: str,
@@ -42,6 +44,7 @@ def profile(
     the fraction of its roof and the time it loses against it; the step's total against its
     roofline bound, and the time no op holds (Python, dispatch). A machine busy with other
     work while it ran is named first: its times are pessimistic."""
+    from llmbench.engine.quant.scheme import parse_quantize
     from llmbench.harness.engine_config import engine_config
     from llmbench.harness.provenance import LoadMonitor
     from llmbench.harness.run_warnings import busy_line
@@ -52,9 +55,11 @@ def profile(
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"profile: --dtype {dtype}: use float32, bfloat16 or float16")
+    scheme = parse_quantize(quantize)
     spec = ProfileSpec(
         model,
         dtype,
+        quantize=None if scheme is None else quantize,
         batches=tuple(_sizes(batch, "--batch")),
         contexts=tuple(_sizes(context, "--context")),
         phase=phase,
@@ -82,7 +87,7 @@ def profile(
         progress=lambda probe: say(f"measuring the roofs: {probe}"),
         watch_load=LoadMonitor,  # roofs measured busy are not cached as the machine's
     )
-    engine = engine_config(model, dtype, "cpu", EngineSpec(threads=threads))
+    engine = engine_config(model, dtype, "cpu", EngineSpec(threads=threads, quantize=spec.quantize))
     with LoadMonitor() as monitor:  # other processes' CPU, as a run measures it
         result = run_profile(spec, engine, roofs, say)
     load = monitor.load()

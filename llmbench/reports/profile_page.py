@@ -16,6 +16,7 @@ from llmbench.reports.html_report import Page, render_page
 from llmbench.reports.roofline_axes import draw_roof, log_axes, marker_area, scatter_legend
 from llmbench.reports.tables import sentence, si
 from llmbench.roofline.ceilings import threads_text
+from llmbench.roofline.profile_table import subject
 
 HEADER = (
     "op",
@@ -176,7 +177,7 @@ def render(result: dict[str, Any]) -> Page:
     return render_page(
         "profile.html.j2",
         [plot for section in sections for plot in section["plots"]],
-        title=f"llmbench profile: {result['model']} {result['dtype']}",
+        title=f"llmbench profile: {subject(result)}",
         subtitle=subtitle,
         warnings=[sentence(line) for line in result.get("warnings", ())],  # a busy machine
         sections=sections,

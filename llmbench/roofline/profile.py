@@ -52,7 +52,8 @@ PHASES = ("decode", "prefill")
 @dataclass(frozen=True)
 class ProfileSpec:
     """What to profile: a model and dtype, each (batch, context) point, the phase, how many
-    measured steps per point (after `num_warmup_steps` unmeasured ones)."""
+    measured steps per point (after `num_warmup_steps` unmeasured ones); `quantize`, the
+    weights' scheme as the engine takes it (`int8`, `int4`, ...; None: the dtype's)."""
 
     model: str
     dtype: str = "bfloat16"
@@ -63,6 +64,7 @@ class ProfileSpec:
     num_warmup_steps: int = 2
     threads: int | None = None
     seed: int = 0
+    quantize: str | None = None
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -158,6 +160,7 @@ def profile(
     return {
         "model": spec.model,
         "dtype": spec.dtype,
+        "quantize": spec.quantize,
         "phase": spec.phase,
         "device": roofs["device"],
         "threads": torch.get_num_threads(),

@@ -5,9 +5,10 @@ from `torch.profiler` by `profile`. Only the step's top-level events are classif
 engine's Python called; their children's time is inside theirs). The engine's torch path runs
 every layer in the same order (model.py's forward), so a few anchors place every event:
 
-- a matmul (`aten::mm`, `aten::addmm`, ...) is the linear layer whose weight has its shape
-  [in, out] (`linear_names`): qkv_proj, o_proj, gate_up_proj, down_proj, and the lm_head once
-  every layer's down_proj has run;
+- a matmul (`aten::mm`, `aten::addmm`, ..., the extension's `gemv` and its int8/int4
+  `quant_gemv` and `quant_gemm`) is the linear layer whose weight has its shape [in, out]
+  (`linear_names`): qkv_proj, o_proj, gate_up_proj, down_proj, and the lm_head once every
+  layer's down_proj has run;
 - `aten::embedding`, `aten::rms_norm`, `aten::index_copy_` (the K/V write), `aten::silu`,
   `aten::scaled_dot_product_attention` name themselves, and so do the spans the engine opens
   around its host work (`engine.spans`: the scheduler, the step's inputs, sampling, the new
@@ -45,6 +46,10 @@ EXTENSION_OPS = {
     "paged_decode_attention": "attention",
     "prefill_attention": "attention",
 }
+# The extension's int8/int4 matmuls (`kernels.cpu_quant_gemv`): inputs (x [M, K], codes
+# [N/16, ·, 16, 4], ...), the rows N padded to a multiple of `QUANT_ROW_BLOCK` at load.
+QUANT_MATMULS = ("quant_gemv", "quant_gemm")
+QUANT_ROW_BLOCK = 16
 TRANSPOSES = ("aten::t", "aten::transpose", "aten::permute", "aten::numpy_T")
 # An anchor → the op that the events after it (until the next anchor) belong to.
 REGION_AFTER = {
@@ -91,13 +96,25 @@ def linear_names(config: ModelConfig) -> dict[tuple[int, int], str]:
 
 def _weight_shape(event: OpEvent) -> tuple[int, int] | None:
     """[in, out] of a matmul's weight: mm(x, w_t) and matmul: the 2nd input; addmm(add, x, w_t):
-    the 3rd; linear(x, w [out, in]): the 2nd, reversed."""
+    the 3rd; linear(x, w [out, in]): the 2nd, reversed; the int8/int4 matmuls: x's columns and
+    the codes' row blocks (out padded to whole blocks, `padded`)."""
+    if event.name.rpartition("::")[2] in QUANT_MATMULS:
+        x, codes = (event.shapes + ((), ()))[:2]
+        if len(x) != 2 or not codes:
+            return None
+        return x[1], codes[0] * QUANT_ROW_BLOCK
     position = {"aten::addmm": 2}.get(event.name, 1)
     if len(event.shapes) <= position or len(event.shapes[position]) != 2:
         return None
     rows, cols = event.shapes[position]
     is_out_in = event.name == "aten::linear" or event.name.startswith(CPU_EXTENSION_PREFIX)
     return (cols, rows) if is_out_in else (rows, cols)
+
+
+def padded(shape: tuple[int, int]) -> tuple[int, int]:
+    """[in, out] with out rounded up to whole row blocks, as the int8/int4 layouts hold it."""
+    rows, block = shape[1], QUANT_ROW_BLOCK
+    return shape[0], -(-rows // block) * block
 
 
 def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
@@ -112,6 +129,7 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
         spans.OUTPUTS: "outputs",
     }
     layers = linear_names(config)
+    layers |= {padded(shape): name for shape, name in layers.items()}  # int8/int4's
     lm_head = (config.hidden_size, config.vocab_size)
     labels: list[str] = []
     region, num_down = "inputs", 0
@@ -122,9 +140,9 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
         if event.op is not None:
             label = event.op
             num_down += label == "down_proj"
-        elif event.name in MATMULS or extension_op == "gemv":
+        elif event.name in MATMULS or extension_op == "gemv" or extension_op in QUANT_MATMULS:
             shape = _weight_shape(event)
-            is_lm_head = shape == lm_head and num_down >= config.num_layers
+            is_lm_head = shape in (lm_head, padded(lm_head)) and num_down >= config.num_layers
             label = "lm_head" if is_lm_head else layers.get(shape) if shape else None
             num_down += label == "down_proj"
         if label is None:

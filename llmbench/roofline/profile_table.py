@@ -16,6 +16,12 @@ def _number(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def subject(result: dict[str, Any]) -> str:
+    """The model profiled: `smollm2-135m bfloat16`, `smollm2-135m bfloat16, int4 weights`."""
+    quantize = result.get("quantize")  # absent from an older profile's JSON
+    return f"{result['model']} {result['dtype']}" + (f", {quantize} weights" if quantize else "")
+
+
 def header_line(result: dict[str, Any]) -> str:
     """What was profiled, on which roofs, how busy the machine was."""
     roofs = result["roofs"]
@@ -23,7 +29,7 @@ def header_line(result: dict[str, Any]) -> str:
     matmul = f"{flops / 1e9:.0f} GFLOP/s" if flops else "no matmul roof"
     clocked = result.get("clocked_layers", False)  # absent from an older profile's JSON
     return (
-        f"{result['model']} {result['dtype']}, {result['phase']}, {result['num_steps']} steps "
+        f"{subject(result)}, {result['phase']}, {result['num_steps']} steps "
         f"per point, {threads_text(result['threads'])}; roofs: read "
         f"{roofs['read_bytes_per_s'] / 1e9:.1f} GB/s ({roofs['sources']['read_bytes_per_s']}; "
         f"{roofs['sources']['read']}), matmul {result['dtype']} {matmul}; load average "

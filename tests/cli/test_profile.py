@@ -92,6 +92,7 @@ def test_profile_prints_a_table_and_writes_json_and_html(tmp_path):
         (["--phase", "train"], "--phase train: use decode or prefill"),
         (["--batch", "x"], "--batch x: 'x' is not a count"),
         (["--dtype", "int3"], "--dtype int3: use float32, bfloat16 or float16"),
+        (["--quantize", "int3"], "quantize 'int3': unknown scheme; use int8, int4"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["--html", "/no/such/folder/p.html"], "the folder /no/such/folder does not exist"),
     ],

@@ -25,7 +25,9 @@ ROOFS = {
 
 def _engine(spec: ProfileSpec):
     """The engine config `llmbench profile` hands `profile` for `spec`."""
-    return engine_config(spec.model, spec.dtype, "cpu", EngineSpec(threads=spec.threads))
+    return engine_config(
+        spec.model, spec.dtype, "cpu", EngineSpec(threads=spec.threads, quantize=spec.quantize)
+    )
 
 
 @pytest.fixture(scope="module", params=[("bfloat16", "decode"), ("float32", "prefill")])
@@ -187,3 +189,32 @@ def test_a_point_too_large_for_memory_is_refused_before_anything_is_loaded():
     spec = ProfileSpec("synthetic:tiny", batches=(1_000_000,), contexts=(4000,), num_steps=1)
     with pytest.raises(UserError, match="profile fewer streams or a shorter context"):
         profile(spec, _engine(spec), ROOFS)
+
+
+def test_an_int4_prefill_names_the_int4_matmuls_and_charges_the_bytes_loaded():
+    """`--quantize int4`: a prefill's linear layers run the extension's `quant_gemm` on the
+    codes (named by x's columns and the codes' row blocks), the lm_head (int8, as int4 schemes
+    keep it) `quant_gemv` on the logit rows. synthetic:tiny's 2 layers hold 36,864 matrix
+    weights each at 0.625 bytes (half a byte of code, a float16 scale and zero point per 32)
+    and 128 norm weights at 2 (bfloat16), the final norm 64 at 2: 46,720 bytes over 74,048
+    parameters; the lm_head 512·64 int8 codes and 512 float32 scales: 34,816 bytes."""
+    spec = ProfileSpec(
+        "synthetic:tiny",
+        batches=(2,),
+        contexts=(24,),
+        phase="prefill",
+        num_steps=2,
+        num_warmup_steps=1,
+        quantize="int4",
+    )
+    result = profile(spec, _engine(spec), ROOFS)
+    assert result["quantize"] == "int4"
+    text = "\n".join(profile_table.lines(result))
+    assert text.startswith("synthetic:tiny bfloat16, int4 weights, prefill, 2 steps")
+    (point,) = result["points"]
+    ops = {op["op"]: op for op in point["ops"]}
+    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+        assert [e.rpartition("::")[2] for e in ops[name]["aten_ops"]] == ["quant_gemm"]
+    assert any(e.endswith("::quant_gemv") for e in ops["lm_head"]["aten_ops"])
+    assert ops["qkv_proj"]["bytes"] == pytest.approx(46_720 / 74_048 * 2 * 64 * 128)
+    assert ops["lm_head"]["bytes"] == pytest.approx(34_816)
