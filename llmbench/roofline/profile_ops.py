@@ -128,8 +128,8 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
         spans.SAMPLING: "sampling",
         spans.OUTPUTS: "outputs",
     }
-    layers = linear_names(config)
-    layers |= {padded(shape): name for shape, name in layers.items()}  # int8/int4's
+    exact = linear_names(config)
+    layers = {padded(shape): name for shape, name in exact.items()} | exact  # int8/int4's too
     lm_head = (config.hidden_size, config.vocab_size)
     labels: list[str] = []
     region, num_down = "inputs", 0
