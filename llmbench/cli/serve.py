@@ -18,7 +18,7 @@ from llmbench.cli.options import (
     speculative_line,
     weights_line,
 )
-from llmbench.serve.app import (
+from llmbench.serve.limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,

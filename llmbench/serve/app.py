@@ -65,6 +65,11 @@ from llmbench.serve.generate import (
     read_json_object,
     served_tokenizer,
 )
+from llmbench.serve.limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+)
 from llmbench.serve.metrics import CONTENT_TYPE, ServeMetrics
 from llmbench.serve.protocol import (
     ApiError,
@@ -83,11 +88,6 @@ if TYPE_CHECKING:  # the engine (and torch) load only when a server is built
     from llmbench.engine.engine import LLMEngine
 
 _SHUTDOWN_TIMEOUT_S = 2.0  # on Ctrl-C, in-flight requests get this long, then are cancelled
-# Longer than the idle time of aiohttp's (15 s) and httpx's (5 s) client pools: a pooled
-# connection is closed by its client first, never by the server as a request goes out on it.
-DEFAULT_HEADER_TIMEOUT_S = 20.0
-DEFAULT_BODY_TIMEOUT_S = 30.0  # ≈ 40 KB/s for the largest body of a 4,096-token window
-DEFAULT_MAX_CONNECTIONS = 1000
 # After a reply that left the body unread (a 401, 408 or 413), the rest of the body is read and
 # dropped for at most this long, so that the client reads the reply instead of a reset.
 _LINGER_S = 2.0

@@ -198,3 +198,17 @@ def read_all(sock: socket.socket) -> bytes:
         while chunk := sock.recv(65536):
             received += chunk
     return received
+
+
+def test_the_cli_loads_the_server_only_to_serve():
+    """`llmbench` names `serve`'s defaults from `serve.limits`, which imports no aiohttp: every
+    other command (and `--help`) starts without the server's ~0.4 s of imports."""
+    script = (
+        "import sys; import llmbench.cli.main; from llmbench.serve import limits; "
+        "print(any(m == 'aiohttp' or m.startswith('aiohttp.') for m in sys.modules)); "
+        "from llmbench.serve import ServeConfig; "
+        "print(ServeConfig.__dataclass_fields__['max_connections'].default)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "1000"]  # the server's names still load on demand
