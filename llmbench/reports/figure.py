@@ -7,12 +7,11 @@ under the house style `STYLE`, applied with `rc_context` while building and whil
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -102,8 +101,7 @@ def svg(plot: Plot) -> str:
     texts as <title> children, no XML prolog, namespace, metadata, link or URL."""
     buffer = io.StringIO()
     title = plot.figure.axes[0].get_title(loc="left") if plot.figure.axes else plot.key
-    with matplotlib.rc_context(STYLE), _laid_out_once(plot.figure):
-        plot.figure.savefig(buffer, format="svg", metadata={"Title": title, **_NO_METADATA})
+    _save(plot.figure, buffer, format="svg", metadata={"Title": title, **_NO_METADATA})
     root = ET.fromstring(buffer.getvalue())
     for metadata in root.findall(f"{SVG}metadata"):  # a Dublin Core copy of the title
         root.remove(metadata)
@@ -132,15 +130,15 @@ def svg(plot: Plot) -> str:
 def png(plot: Plot) -> bytes:
     """The figure at `PNG_DPI`, without the software tag (same figure, same bytes)."""
     buffer = io.BytesIO()
-    with matplotlib.rc_context(STYLE), _laid_out_once(plot.figure):
-        plot.figure.savefig(buffer, format="png", dpi=PNG_DPI, metadata={"Software": None})
+    _save(plot.figure, buffer, format="png", dpi=PNG_DPI, metadata={"Software": None})
     return buffer.getvalue()
 
 
-@contextlib.contextmanager
-def _laid_out_once(figure: Figure) -> Iterator[None]:
-    """Save `figure` with the layout its first save computed: matplotlib lays a figure out on a
-    draw of its own before each save (a second draw), which the SVG and the PNG of one figure
-    would each pay. Margins are in fractions of the figure, so one layout fits both."""
-    yield
+def _save(figure: Figure, buffer: io.IOBase, **kwargs: Any) -> None:
+    """`figure.savefig` under the house style, its layout then kept for its next save:
+    matplotlib lays a figure out on a draw of its own before each save (a second draw), which
+    the SVG and the PNG of one figure would each pay. Margins are in fractions of the figure,
+    so one layout fits both."""
+    with matplotlib.rc_context(STYLE):
+        figure.savefig(buffer, **kwargs)
     figure.set_layout_engine("none")
