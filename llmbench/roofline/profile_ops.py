@@ -46,8 +46,9 @@ EXTENSION_OPS = {
     "paged_decode_attention": "attention",
     "prefill_attention": "attention",
 }
-# The extension's int8/int4 matmuls (`kernels.cpu_quant_gemv`): inputs (x [M, K], codes
-# [N/16, ·, 16, 4], ...), the rows N padded to a multiple of `QUANT_ROW_BLOCK` at load.
+# The extension's int8/int4 matmuls (`kernels.cpu_quant_gemv`'s OP and GEMM_OP, copied: this
+# module is torch-free; a test holds the copies to them): inputs (x [M, K], codes [N/16, ·, 16,
+# 4], ...), the rows N padded to a multiple of `QUANT_ROW_BLOCK` (its ROW_BLOCK) at load.
 QUANT_MATMULS = ("quant_gemv", "quant_gemm")
 QUANT_ROW_BLOCK = 16
 TRANSPOSES = ("aten::t", "aten::transpose", "aten::permute", "aten::numpy_T")
@@ -131,6 +132,7 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
     exact = linear_names(config)
     layers = {padded(shape): name for shape, name in exact.items()} | exact  # int8/int4's too
     lm_head = (config.hidden_size, config.vocab_size)
+    lm_heads = (lm_head, padded(lm_head))  # float, int8/int4
     labels: list[str] = []
     region, num_down = "inputs", 0
     for event in events:
@@ -142,7 +144,7 @@ def classify(events: Sequence[OpEvent], config: ModelConfig) -> list[str]:
             num_down += label == "down_proj"
         elif event.name in MATMULS or extension_op == "gemv" or extension_op in QUANT_MATMULS:
             shape = _weight_shape(event)
-            is_lm_head = shape in (lm_head, padded(lm_head)) and num_down >= config.num_layers
+            is_lm_head = shape in lm_heads and num_down >= config.num_layers
             label = "lm_head" if is_lm_head else layers.get(shape) if shape else None
             num_down += label == "down_proj"
         if label is None:
