@@ -55,6 +55,12 @@ class Build:
         """The ref and its short commit, as a person reads them: "git:HEAD~1 (3f2a1bc)"."""
         return f"git:{self.ref} ({self.commit[:7]})"
 
+    def takes_run_option(self, option: str) -> bool:
+        """Whether this commit's `llmbench run` has `option` (an older one may lack it), read
+        from its source."""
+        run_cli = self.folder / "src" / "llmbench" / "cli" / "run.py"
+        return run_cli.is_file() and f'"{option}"' in run_cli.read_text()
+
 
 def builds_cache(env: Mapping[str, str] | None = None) -> Path:
     """$LLMBENCH_CACHE/ab-builds (default ~/.cache/llmbench/ab-builds)."""

@@ -4,9 +4,10 @@ compare` and `report` read any of them).
 
 The order alternates (BASE first in odd rounds, NEW first in even ones: AB BA AB …), so a
 machine that slows down steadily during the job weighs on both sides alike instead of always
-on the second. Each process is `<python> -m llmbench run SPEC --out FOLDER --set …`, with its
-output kept beside the folder (`base.log`, `new.log`); `python` is this interpreter, or a git
-ref's build (`builds`). A process that fails stops the rounds (`RoundFailed`, naming its log);
+on the second. Each process is `<python> -m llmbench run SPEC --out FOLDER --no-report --set …`
+(no report pages: `llmbench report` draws a round's when wanted), with its output kept beside
+the folder (`base.log`, `new.log`); `python` is this interpreter, or a git ref's build
+(`builds`). A process that fails stops the rounds (`RoundFailed`, naming its log);
 an interrupt (Ctrl-C) stops them after the process at hand has saved what it measured
 (`RoundsInterrupted`): the rounds that finished stay, and can still be judged.
 """
@@ -32,13 +33,15 @@ LOG_TAIL_BYTES = 4096
 
 @dataclass(frozen=True)
 class SideProcess:
-    """How one side's rounds are started: its name, what to show, the interpreter, and the
-    `--set` overrides it runs the spec with (the common ones first)."""
+    """How one side's rounds are started: its name, what to show, the interpreter, the
+    `--set` overrides it runs the spec with (the common ones first), and other options of its
+    `llmbench run` (`--no-report` where its build has it: the rounds need numbers, not pages)."""
 
     name: str  # "BASE" / "NEW"
     label: str  # what it runs, for people: `git:HEAD~1 (3f2a1bc)`, `engine.quantize=int8`
     python: Path
     overrides: tuple[str, ...]
+    run_options: tuple[str, ...] = ()
 
     @property
     def folder_name(self) -> str:
@@ -79,7 +82,8 @@ def round_order(number: int) -> tuple[str, str]:
 def command(side: SideProcess, spec_path: Path, folder: Path) -> list[str]:
     """The process of one side in one round."""
     sets = [arg for override in side.overrides for arg in ("--set", override)]
-    return [str(side.python), "-m", "llmbench", "run", str(spec_path), "--out", str(folder), *sets]
+    run = [str(side.python), "-m", "llmbench", "run", str(spec_path), "--out", str(folder)]
+    return [*run, *side.run_options, *sets]
 
 
 def _log_tail(log: Path) -> str:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the harness is imported when the command runs
 
 DEFAULT_ROUNDS = 6
 AB_FILE = "ab.json"
+NO_REPORT = ("--no-report",)  # what the rounds need is results.json, not report pages
 
 
 @click.command()
@@ -167,11 +168,13 @@ def _process(side: Side, common: tuple[str, ...]) -> SideProcess:
     from llmbench.ab.builds import build, builds_cache
     from llmbench.ab.rounds import SideProcess
 
+    overrides = (*common, *side.overrides)
     if side.ref is None:
-        return SideProcess(side.name, side.items, Path(sys.executable), (*common, *side.overrides))
+        return SideProcess(side.name, side.items, Path(sys.executable), overrides, NO_REPORT)
     made = build(Path.cwd(), side.ref, builds_cache(), log=_say)
     label = " ".join(filter(None, [made.label, side.given_overrides]))
-    return SideProcess(side.name, label, made.python, (*common, *side.overrides))
+    options = NO_REPORT if made.takes_run_option(*NO_REPORT) else ()
+    return SideProcess(side.name, label, made.python, overrides, options)
 
 
 def _judge(

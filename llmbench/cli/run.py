@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -69,6 +70,12 @@ from llmbench.errors import BackendFailure, UserError
     "(default 0.05); without it such a run is flagged and exits 0",
 )
 @click.option(
+    "--no-report",
+    is_flag=True,
+    help="write results.json and the records, not report.html, report.md and their figures "
+    "(seconds a run); `llmbench report OUT` renders them later. `ab` runs its rounds so",
+)
+@click.option(
     "--client-cpus",
     metavar="LIST",
     default=None,
@@ -100,6 +107,7 @@ def run(
     prices: str | None,
     gpu_hour_price: float | None,
     strict: bool,
+    no_report: bool,
     client_cpus: str | None,
     shard: str | None,
     start_at: float | None,
@@ -128,7 +136,6 @@ def run(
     from llmbench.harness.run import execute
     from llmbench.harness.run_signals import RunInterrupted
     from llmbench.harness.variants import load_variants
-    from llmbench.reports.render import write_reports
 
     if repeat is not None and repeat < 1:
         raise UserError(f"--repeat {repeat}: must be >= 1")
@@ -141,14 +148,15 @@ def run(
     own_shard = shards.from_options(shard, start_at, spec)
     if client_cpus is not None:
         client_load.pin(client_load.parse_cpu_list(client_cpus), client_cpus)
+    reports = _no_reports if no_report else _write_reports
     try:
         if variants:
-            _run_variants(spec, variants, out, strict, force)
+            _run_variants(spec, variants, out, strict, force, reports)
             return
         if own_shard is None:
-            reports, sweep_report = write_reports, lambda root: _sweep_report(root, spec)
+            sweep_report = lambda root: _sweep_report(root, spec, reports)  # noqa: E731
         else:  # A shard holds part of a run: the reports are the merged folder's (`merge`).
-            reports, sweep_report = (lambda _: None), click.echo
+            reports, sweep_report = _no_reports, click.echo
         execute(
             spec,
             out,
@@ -171,36 +179,49 @@ def run(
         sys.exit(1)
 
 
-def _run_variants(spec, variants, out: Path | None, strict: bool, force: bool) -> None:
+def _write_reports(root: Path) -> list[Path]:
+    from llmbench.reports.render import write_reports
+
+    return write_reports(root)
+
+
+def _no_reports(root: Path) -> list[Path]:
+    """`--no-report` (and a shard, whose reports are the merged folder's): none written."""
+    return []
+
+
+def _run_variants(
+    spec, variants, out: Path | None, strict: bool, force: bool, reports: Callable
+) -> None:
     """Run every variant, then print the comparison and, as the last line of stdout, the
     folder (also when a variant failed: `RunFailed` follows). The root folder is claimed as a
-    plain run's is (refused when it holds a run, unless `force`)."""
+    plain run's is (refused when it holds a run, unless `force`). `reports` draws each
+    variant's reports; the page that sets them side by side is drawn with them."""
     from llmbench.harness.run_folder import claim_folder, default_folder, removed_if_left_empty
     from llmbench.harness.run_variants import execute_variants
     from llmbench.reports import variant_tables
-    from llmbench.reports.render import write_reports
     from llmbench.reports.variants_page import write_variants_report
 
     def top_report(root: Path) -> None:
-        write_variants_report(root)
+        if reports is not _no_reports:
+            write_variants_report(root)
         click.echo(f"\n{variant_tables.terminal_table(variant_tables.load(root)[1])}")
         click.echo(root)
 
     root = out or default_folder(spec.output_dir, spec.name)
     with removed_if_left_empty(root):
         claim_folder(root, force=force)
-        execute_variants(spec, variants, root, write_reports, top_report, is_strict=strict)
+        execute_variants(spec, variants, root, reports, top_report, is_strict=strict)
 
 
-def _sweep_report(root: Path, spec) -> None:
-    """A sweep folder's reports, then a table of its points (the numbers of report.md's, with
-    the requests completed and failed), the highest load that met the SLOs, and, as the last
-    line of stdout, the folder."""
+def _sweep_report(root: Path, spec, reports: Callable) -> None:
+    """A sweep folder's reports (`reports`), then a table of its points (the numbers of
+    report.md's, with the requests completed and failed), the highest load that met the SLOs,
+    and, as the last line of stdout, the folder."""
     from llmbench.reports import rundata, tables
-    from llmbench.reports.render import write_reports
     from llmbench.reports.variant_tables import text_table
 
-    write_reports(root)
+    reports(root)
     points = rundata.sweep_points(root)
     load = "concurrency" if spec.load.kind == "concurrency" else "rate/s"
     header = [load, "completed", "failed", *tables.sweep_header(points)[1:]]

@@ -149,6 +149,18 @@ def test_the_console_script_names_the_build_in_its_final_place(head_build):
     assert script.read_text().splitlines()[0] == f"#!{built.python}"
 
 
+def test_the_build_says_which_run_options_its_commit_has(head_build, tmp_path):
+    """`ab` passes `--no-report` to a build's rounds only where that commit's `run` has it."""
+    built, _, _ = head_build
+    assert built.takes_run_option("--no-report")  # HEAD: this checkout's commit
+    assert not built.takes_run_option("--no-such-option")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _tiny_package(repo, 1)  # no llmbench/cli/run.py at all
+    assert not build(repo, "HEAD", tmp_path / "cache").takes_run_option("--no-report")
+
+
 def test_a_second_build_of_the_same_commit_reuses_the_first(head_build):
     built, cache, _ = head_build
     marker = built.folder / MARKER

@@ -545,6 +545,32 @@ def test_a_set_kind_and_a_sweep_say_what_was_dropped_and_end_with_a_table_and_th
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["--set", "load.sweep=[1,2]"],  # a sweep: its points and root
+        ["--vary", "workload.output_tokens=4,8"],
+    ],
+    ids=["sweep", "variants"],
+)
+def test_no_report_writes_the_numbers_and_no_pages_and_report_draws_them_later(tmp_path, args):
+    """`--no-report`: every run folder has its results.json and no report.html or report.md;
+    the table and the folder are still printed last; `llmbench report` draws the pages after."""
+    out = tmp_path / "out"
+    small = ["workload.sessions=2", "workload.turns=1", "load.kind=concurrency"]
+    options = [*(part for s in small for part in ("--set", s)), *args]
+    result = llmbench("run", "chat", *TINY, *options, "--out", str(out), "--no-report")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == str(out)
+    runs = sorted(path.parent for path in out.rglob("results.json"))
+    assert len(runs) == 2, runs  # two points, or two variants
+    assert not [*out.rglob("report.html"), *out.rglob("report.md"), *out.rglob("*.svg")]
+    drawn = llmbench("report", str(out))
+    assert drawn.returncode == 0, drawn.stderr
+    assert (out / "report.html").is_file()
+    assert all((run / "report.html").is_file() for run in runs)
+
+
+@pytest.mark.parametrize(
     ("slo_ms", "points", "verdicts", "capacity"),
     [
         # SLOs every request meets: 1 met, 3 met, the edge lies past the range

@@ -1,11 +1,12 @@
 """A backend that streams from any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp, ...).
 
-The network loop is thin: every read is stamped with `time.perf_counter_ns()` as soon as it
-returns, then `StreamParser` (pure, no I/O, unit-tested byte by byte) turns the Server-Sent
-Events into `StreamEvent`s and says, at the end, whether the reply is complete. Per chunk that
-is one `bytes.split`, one stdlib JSON decode and a few dict lookups (plus the client
-tokenizer on a short tail of the text): one asyncio process follows ~30,000 chunks/s on one core
-(2,000 streams at once measured), all of it in aiohttp and the parser.
+The network loop is thin: every read is stamped with the `time.perf_counter_ns()` at which its
+bytes began to arrive, taken by the connection as they came in (`arrival`), then `StreamParser`
+(pure, no I/O, unit-tested byte by byte) turns the Server-Sent Events into `StreamEvent`s and
+says, at the end, whether the reply is complete. Per chunk that is one `bytes.split`, one
+stdlib JSON decode and a few dict lookups (plus the client tokenizer on a short tail of the
+text): one asyncio process follows ~30,000 chunks/s on one core (2,000 streams at once
+measured), all of it in aiohttp and the parser.
 
 Nothing is sent that a server could refuse unless asked for: no request-id header by default
 (llama-cpp-python's server answers 400 to an `X-Request-Id` that is not a UUID), `backend.headers`
@@ -27,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from llmbench.harness.backends import arrival
 from llmbench.harness.backends.openai_stream import (
     StreamError,
     StreamParser,
@@ -140,7 +142,7 @@ class OpenAIBackend:
     async def start(self) -> None:
         """Open the connection pool; find the served model when none was given."""
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.max_connections),
+            connector=arrival.stamping_connector(self.max_connections),
             headers=self._session_headers(),
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
         )
@@ -203,18 +205,19 @@ class OpenAIBackend:
         try:
             async with self._session.post(self.url + path, json=body, headers=headers) as response:
                 is_replying = True
+                arrival.clear(response)
                 if response.status >= 400:
                     text = await response.text(errors="replace")
                     raise BackendError(f"HTTP {response.status}: {quote_body(text)}")
                 content = response.content
                 if response.content_type == "application/json":  # the server did not stream
                     data = await content.read()
-                    t_ns = time.perf_counter_ns()
+                    t_ns = arrival.take(response)
                     for event in parser.feed_response(data, t_ns):
                         yield event
                 while not parser.is_done:
                     data = await content.readany()
-                    t_ns = time.perf_counter_ns()  # before any parsing: the chunk's arrival
+                    t_ns = arrival.take(response)  # when its bytes came in, not when read
                     if not data:
                         break  # end of the body
                     for event in parser.feed(data, t_ns):

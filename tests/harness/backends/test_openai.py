@@ -33,7 +33,7 @@ from llmbench.harness.records import GenerationRequest, RequestRecord
 REPO_ROOT = Path(__file__).resolve().parents[3]
 P95_ERROR_NS = 2_000_000  # client vs server clock, per TTFT / TPOT / chunk / ITL
 MAX_ERROR_NS = 8_000_000  # any one sample: below the 10 ms token gap, so a misaligned chunk fails
-NUM_ATTEMPTS = 3
+NUM_ATTEMPTS = 5
 MAX_OTHER_CORES = 0.3  # more than this used by other processes: timing checks are skipped
 
 
@@ -210,9 +210,13 @@ def test_client_times_match_the_server_writes(start_server, concurrency):
     This 2-core machine is shared: while other processes run, a sleeping process is woken late
     now and then (a bare socketpair ping between two processes, 10 ms apart: max 0.3-0.4 ms
     late when quiet, p99 3-9 ms when busy; CI once saw one chunk of 100 at 6.6 ms on a quiet
-    machine, in each of 3 attempts). So the check is on the p95 and the best of 3 attempts, and
-    when other processes kept the machine busy, a miss skips instead of failing. A client that
-    stamps late (after parsing, behind other streams) or misaligns chunks misses every attempt.
+    machine, in each of 3 attempts). And at 64 streams the client's one event loop is itself
+    busy: bytes that come in while it hands on other streams' chunks wait for its next poll.
+    On a quiet AVX2 EPYC VM (2026-11-29) chunk p95 read 0.4-2.7 ms an attempt, 3 of 15
+    attempts over 2 ms; stamped when the read returned instead (behind the other streams'
+    parsing, as before `arrival`), 0.8-10.4 ms and 5 of 8 over. So the check is on the p95 and
+    the best of 5 attempts, and when other processes kept the machine busy, a miss skips
+    instead of failing; `test_arrival` holds the stamping itself to a fixed order of events.
     """
     server = start_server(ttft_ms=50, tpot_ms=10)
     num_requests = 5 if concurrency == 1 else concurrency

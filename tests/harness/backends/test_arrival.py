@@ -1,0 +1,106 @@
+"""Arrival stamps: a read is stamped when its bytes came in, not when its task got to them.
+
+The server is a bare socket the test writes to by hand, so the order of events is fixed: bytes
+sent, the event loop has fed them to the response (its `total_bytes` grew), the loop is then
+held (as other streams' parsing holds it), and only then is the read made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import aiohttp
+
+from llmbench.harness.backends import arrival
+
+HEADERS = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+HELD_S = 0.05  # the loop held between the bytes' arrival and the read
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def fed(response: aiohttp.ClientResponse, num_bytes: int) -> None:
+    """Until the event loop has fed `num_bytes` of body to `response` in all."""
+    while response.content.total_bytes < num_bytes:
+        await asyncio.sleep(0.001)
+
+
+async def exchange() -> dict[str, int]:
+    """One request to a hand-driven server: the headers, 30 ms later a first chunk read after
+    the loop was held, then a second chunk sent while the first was unread, read together."""
+    loop = asyncio.get_running_loop()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+        async with aiohttp.ClientSession(connector=arrival.stamping_connector(4)) as session:
+            accepted = asyncio.ensure_future(loop.sock_accept(listener))
+            request = asyncio.ensure_future(session.get(url))
+            server, _ = await accepted
+            with server:
+                await loop.sock_recv(server, 4096)  # the request
+                server.sendall(HEADERS)
+                async with await request as response:
+                    assert isinstance(response.connection.protocol, arrival.StampingHandler)
+                    arrival.clear(response)
+                    await asyncio.sleep(0.03)
+                    times = {"first_sent": time.perf_counter_ns()}
+                    server.sendall(chunk(b"data: 1\n\n"))
+                    await fed(response, 9)
+                    times["held"] = time.perf_counter_ns()
+                    time.sleep(HELD_S)
+                    assert await response.content.readany() == b"data: 1\n\n"
+                    times["first"] = arrival.take(response)
+                    times["first_read"] = time.perf_counter_ns()
+                    times["second_sent"] = time.perf_counter_ns()
+                    server.sendall(chunk(b"data: 2\n\n"))
+                    await fed(response, 18)
+                    server.sendall(chunk(b"data: 3\n\n"))
+                    await fed(response, 27)
+                    time.sleep(HELD_S)
+                    assert await response.content.readany() == b"data: 2\n\ndata: 3\n\n"
+                    times["second"] = arrival.take(response)
+                    times["unstamped"] = arrival.take(response)  # nothing came in since
+                    times["end"] = time.perf_counter_ns()
+    return times
+
+
+def test_a_read_is_stamped_when_its_bytes_came_in_not_when_the_loop_got_to_it():
+    times = asyncio.run(exchange())
+    # The first chunk: after it was sent, before the loop was held; not the headers' arrival
+    # 30 ms before it (cleared when the response began).
+    assert times["first_sent"] <= times["first"] <= times["held"]
+    assert times["first_read"] - times["first"] >= HELD_S * 1e9
+    # Two chunks read together carry the arrival of the earlier one.
+    assert times["second_sent"] <= times["second"] < times["end"] - HELD_S * 1e9
+    # A take with nothing new stamped since the last is the time of the call.
+    assert times["second"] < times["unstamped"] <= times["end"]
+
+
+def test_a_connection_that_does_not_stamp_gives_the_time_of_the_read():
+    async def take_from_plain_session() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            listener.setblocking(False)
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+            async with aiohttp.ClientSession() as session:
+                accepted = asyncio.ensure_future(loop.sock_accept(listener))
+                request = asyncio.ensure_future(session.get(url))
+                server, _ = await accepted
+                with server:
+                    await loop.sock_recv(server, 4096)
+                    server.sendall(HEADERS + chunk(b"data: 1\n\n"))
+                    async with await request as response:
+                        await fed(response, 9)
+                        time.sleep(HELD_S)
+                        before = time.perf_counter_ns()
+                        await response.content.readany()
+                        return before, arrival.take(response), time.perf_counter_ns()
+
+    before, stamp, after = asyncio.run(take_from_plain_session())
+    assert before <= stamp <= after
