@@ -21,16 +21,18 @@ from aiohttp.client_proto import ResponseHandler
 
 
 class StampingHandler(ResponseHandler):
-    """aiohttp's connection protocol, stamping `perf_counter_ns()` when bytes arrive and none
-    that arrived before are stamped still (`arrival_ns`)."""
+    """aiohttp's connection protocol, stamping `perf_counter_ns()` when bytes arrive: every
+    time (`last_ns`), and when no bytes that arrived before are stamped still (`arrival_ns`)."""
 
     def __init__(self, loop) -> None:
         super().__init__(loop)
         self.arrival_ns: int | None = None
+        self.last_ns: int | None = None
 
     def data_received(self, data: bytes) -> None:
+        self.last_ns = time.perf_counter_ns()
         if self.arrival_ns is None:
-            self.arrival_ns = time.perf_counter_ns()
+            self.arrival_ns = self.last_ns
         super().data_received(data)
 
 
@@ -43,11 +45,12 @@ def stamping_connector(limit: int) -> aiohttp.TCPConnector:
 
 
 def clear(response: aiohttp.ClientResponse) -> None:
-    """Forget stamps of what arrived before `response`'s body (its request's turn on a pooled
-    connection, its headers) unless body bytes came with them."""
+    """Call once `response`'s headers are in: forget stamps of what arrived before its body (an
+    earlier reply's end on a pooled connection, the headers). Body bytes that came already came
+    with the last bytes to arrive, or just before them: stamped by those."""
     handler = _handler(response)
-    if handler is not None and response.content.total_bytes == 0:
-        handler.arrival_ns = None
+    if handler is not None:
+        handler.arrival_ns = handler.last_ns if response.content.total_bytes else None
 
 
 def take(response: aiohttp.ClientResponse) -> int:

@@ -104,3 +104,40 @@ def test_a_connection_that_does_not_stamp_gives_the_time_of_the_read():
 
     before, stamp, after = asyncio.run(take_from_plain_session())
     assert before <= stamp <= after
+
+
+async def pooled_exchange() -> tuple[int, int, int]:
+    """Two requests over one pooled connection: the first reply's end arrives after its last
+    read (a stamp nobody takes); the second's headers and body arrive in one write."""
+    loop = asyncio.get_running_loop()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+        async with aiohttp.ClientSession(connector=arrival.stamping_connector(1)) as session:
+            accepted = asyncio.ensure_future(loop.sock_accept(listener))
+            request = asyncio.ensure_future(session.get(url))
+            server, _ = await accepted
+            with server:
+                await loop.sock_recv(server, 4096)
+                server.sendall(HEADERS + chunk(b"data: 1\n\n"))
+                async with await request as response:
+                    arrival.clear(response)
+                    await response.content.readany()
+                    arrival.take(response)
+                    server.sendall(b"0\r\n\r\n")  # the reply's end: stamped, never taken
+                    await response.content.read()
+                await asyncio.sleep(0.03)
+                request = asyncio.ensure_future(session.get(url))
+                await loop.sock_recv(server, 4096)  # the same connection: no new accept
+                sent = time.perf_counter_ns()
+                server.sendall(HEADERS + chunk(b"data: 2\n\n"))
+                async with await request as response:
+                    received = time.perf_counter_ns()
+                    arrival.clear(response)
+                    assert await response.content.readany() == b"data: 2\n\n"
+                    return sent, arrival.take(response), received
+
+
+def test_a_reply_on_a_pooled_connection_is_not_stamped_with_the_last_ones_end():
+    sent, stamp, received = asyncio.run(pooled_exchange())
+    assert sent <= stamp <= received
