@@ -421,6 +421,7 @@ def test_two_servers_at_two_addresses_compare_on_their_latency(tmp_path):
                 *("--set", "workload.think_time_s=0", "--set", "workload.output_tokens=16"),
                 *("--set", "load.kind=concurrency", "--set", "load.concurrency=3"),
                 *("--set", "backend.kind=openai", "--set", f"backend.url={url}"),
+                "--no-report",
                 "--out",
                 str(folder),
             )

@@ -64,7 +64,8 @@ def test_the_machine_price_prices_the_measured_throughput(priced):
 
 def test_no_sheet_no_money(tmp_path):
     out = tmp_path / "run"
-    result = llmbench("run", "rag", *TINY, "--set", "workload.sessions=2", "--out", str(out))
+    sets = ["--set", "workload.sessions=2", "--no-report"]
+    result = llmbench("run", "rag", *TINY, *sets, "--out", str(out))
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "results.json").read_text())["summary"]
     assert "cost" not in summary and "self_hosted" not in summary

@@ -33,8 +33,9 @@ def test_generate_says_how_the_weights_are_held():
 def test_a_run_records_the_quantisation(tmp_path):
     out = tmp_path / "run"
     result = llmbench(
-        "run", "chat", *TINY, *SMALL["chat"], "--set", "engine.quantize=int8", "--out", str(out)
-    )
+        "run", "chat", *TINY, *SMALL["chat"], "--set", "engine.quantize=int8", "--no-report",
+        "--out", str(out),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "synthetic:tiny float32 weights int8 on" in result.stdout  # the summary's header
     results = json.loads((out / "results.json").read_text())

@@ -135,7 +135,7 @@ def moe_run(tmp_path_factory):
     model = ["--set", "model=synthetic:tiny-moe", "--set", "dtype=float32"]
     result = llmbench(
         "run", "agentic", *model, "--set", "warmup_requests=1", *SMALL["agentic"],
-        "--repeat", "2", "--out", str(out),
+        "--repeat", "2", "--no-report", "--out", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return out

@@ -124,7 +124,8 @@ def test_same_seed_same_requests(tmp_path):
     hashes = []
     for i in range(2):
         out = tmp_path / f"r{i}"
-        assert llmbench("run", "rag", *TINY, *SMALL["rag"], "--out", str(out)).returncode == 0
+        run = llmbench("run", "rag", *TINY, *SMALL["rag"], "--out", str(out), "--no-report")
+        assert run.returncode == 0
         hashes.append(json.loads((out / "results.json").read_text())["provenance"]["workload_hash"])
     assert hashes[0] == hashes[1]
 
@@ -192,7 +193,7 @@ def test_openai_backend_against_llmbench_serve_matches_the_engine(tmp_path, serv
         str(http),
     )
     assert result.returncode == 0, result.stderr
-    assert llmbench("run", "chat", *common, "--out", str(local)).returncode == 0
+    assert llmbench("run", "chat", *common, "--out", str(local), "--no-report").returncode == 0
 
     assert replies(http) == replies(local)
     results = json.loads((http / "results.json").read_text())
@@ -254,6 +255,7 @@ def test_transformers_backend_gives_the_engines_greedy_replies(tmp_path):
         "load.concurrency=2",
     ]
     hf, local = tmp_path / "hf", tmp_path / "local"
+    common += ["--no-report"]  # the replies are the point
     result = llmbench("run", "rag", *common, "--set", "backend.kind=transformers", "--out", str(hf))
     assert result.returncode == 0, result.stderr
     assert llmbench("run", "rag", *common, "--out", str(local)).returncode == 0
@@ -327,6 +329,7 @@ def test_a_failing_server_is_counted_and_the_run_completes(tmp_path, mode):
             "backend.kind=openai",
             "--set",
             f"backend.url=http://127.0.0.1:{port}/v1",
+            "--no-report",
             "--out",
             str(out),
         )
@@ -370,6 +373,7 @@ def test_the_spec_s_headers_and_request_id_header_reach_the_server(tmp_path):
             "backend.request_id_header=X-Request-Id",
             "--set",
             "backend.headers={X-Team: perf}",
+            "--no-report",
             "--out",
             str(tmp_path / "run"),
         )
@@ -577,6 +581,7 @@ def test_speculative_decoding_gives_the_same_replies_and_reports_its_numbers(tmp
         ),
     ):
         outs[name] = tmp_path / name
+        sets = [*sets, "--no-report"]  # the replies and the numbers are the point
         result = llmbench("run", "rag", *TINY, *SMALL["rag"], *sets, "--out", str(outs[name]))
         assert result.returncode == 0, result.stderr
         assert ("draft tokens accepted" in result.stdout) == (name == "draft")
