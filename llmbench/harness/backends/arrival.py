@@ -44,26 +44,24 @@ def stamping_connector(limit: int) -> aiohttp.TCPConnector:
     return connector
 
 
-def clear(response: aiohttp.ClientResponse) -> None:
-    """Call once `response`'s headers are in: forget stamps of what arrived before its body (an
-    earlier reply's end on a pooled connection, the headers). Body bytes that came already came
-    with the last bytes to arrive, or just before them: stamped by those."""
-    handler = _handler(response)
-    if handler is not None:
-        handler.arrival_ns = handler.last_ns if response.content.total_bytes else None
+def start(response: aiohttp.ClientResponse) -> StampingHandler | None:
+    """Call once `response`'s headers are in: its connection's stamps (None: it does not
+    stamp), without those of what arrived before its body (an earlier reply's end on a pooled
+    connection, the headers). Body bytes that came already came with the last bytes to arrive,
+    or just before them: stamped by those. Kept for the whole reply: aiohttp lets the
+    connection go as soon as the body's end arrives, before the last read."""
+    connection = response.connection
+    handler = connection.protocol if connection is not None else None
+    if not isinstance(handler, StampingHandler):
+        return None
+    handler.arrival_ns = handler.last_ns if response.content.total_bytes else None
+    return handler
 
 
-def take(response: aiohttp.ClientResponse) -> int:
+def take(stamps: StampingHandler | None) -> int:
     """When the bytes of the read just returned began to arrive (`perf_counter_ns`); now where
     the connection does not stamp. Call it right after the read, with no await between."""
-    handler = _handler(response)
-    if handler is None or handler.arrival_ns is None:
+    if stamps is None or stamps.arrival_ns is None:
         return time.perf_counter_ns()
-    t_ns, handler.arrival_ns = handler.arrival_ns, None
+    t_ns, stamps.arrival_ns = stamps.arrival_ns, None
     return t_ns
-
-
-def _handler(response: aiohttp.ClientResponse) -> StampingHandler | None:
-    connection = response.connection
-    protocol = connection.protocol if connection is not None else None
-    return protocol if isinstance(protocol, StampingHandler) else None

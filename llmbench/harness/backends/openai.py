@@ -205,19 +205,19 @@ class OpenAIBackend:
         try:
             async with self._session.post(self.url + path, json=body, headers=headers) as response:
                 is_replying = True
-                arrival.clear(response)
+                stamps = arrival.start(response)
                 if response.status >= 400:
                     text = await response.text(errors="replace")
                     raise BackendError(f"HTTP {response.status}: {quote_body(text)}")
                 content = response.content
                 if response.content_type == "application/json":  # the server did not stream
                     data = await content.read()
-                    t_ns = arrival.take(response)
+                    t_ns = arrival.take(stamps)
                     for event in parser.feed_response(data, t_ns):
                         yield event
                 while not parser.is_done:
                     data = await content.readany()
-                    t_ns = arrival.take(response)  # when its bytes came in, not when read
+                    t_ns = arrival.take(stamps)  # when its bytes came in, not when read
                     if not data:
                         break  # end of the body
                     for event in parser.feed(data, t_ns):

@@ -33,7 +33,8 @@ async def fed(response: aiohttp.ClientResponse, num_bytes: int) -> None:
 
 async def exchange() -> dict[str, int]:
     """One request to a hand-driven server: the headers, 30 ms later a first chunk read after
-    the loop was held, then a second chunk sent while the first was unread, read together."""
+    the loop was held, then two chunks read together, then the last chunk with the body's
+    end."""
     loop = asyncio.get_running_loop()
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.setblocking(False)
@@ -46,8 +47,8 @@ async def exchange() -> dict[str, int]:
                 await loop.sock_recv(server, 4096)  # the request
                 server.sendall(HEADERS)
                 async with await request as response:
-                    assert isinstance(response.connection.protocol, arrival.StampingHandler)
-                    arrival.clear(response)
+                    stamps = arrival.start(response)
+                    assert isinstance(stamps, arrival.StampingHandler)
                     await asyncio.sleep(0.03)
                     times = {"first_sent": time.perf_counter_ns()}
                     server.sendall(chunk(b"data: 1\n\n"))
@@ -55,7 +56,7 @@ async def exchange() -> dict[str, int]:
                     times["held"] = time.perf_counter_ns()
                     time.sleep(HELD_S)
                     assert await response.content.readany() == b"data: 1\n\n"
-                    times["first"] = arrival.take(response)
+                    times["first"] = arrival.take(stamps)
                     times["first_read"] = time.perf_counter_ns()
                     times["second_sent"] = time.perf_counter_ns()
                     server.sendall(chunk(b"data: 2\n\n"))
@@ -64,8 +65,15 @@ async def exchange() -> dict[str, int]:
                     await fed(response, 27)
                     time.sleep(HELD_S)
                     assert await response.content.readany() == b"data: 2\n\ndata: 3\n\n"
-                    times["second"] = arrival.take(response)
-                    times["unstamped"] = arrival.take(response)  # nothing came in since
+                    times["second"] = arrival.take(stamps)
+                    times["unstamped"] = arrival.take(stamps)  # nothing came in since
+                    times["last_sent"] = time.perf_counter_ns()
+                    server.sendall(chunk(b"data: 4\n\n") + b"0\r\n\r\n")  # and the body's end
+                    await fed(response, 36)
+                    assert response.connection is None  # aiohttp let the connection go
+                    time.sleep(HELD_S)
+                    assert await response.content.readany() == b"data: 4\n\n"
+                    times["last"] = arrival.take(stamps)
                     times["end"] = time.perf_counter_ns()
     return times
 
@@ -79,7 +87,9 @@ def test_a_read_is_stamped_when_its_bytes_came_in_not_when_the_loop_got_to_it():
     # Two chunks read together carry the arrival of the earlier one.
     assert times["second_sent"] <= times["second"] < times["end"] - HELD_S * 1e9
     # A take with nothing new stamped since the last is the time of the call.
-    assert times["second"] < times["unstamped"] <= times["end"]
+    assert times["second"] < times["unstamped"] <= times["last_sent"]
+    # The last read, made after the body's end let the connection go, keeps its stamp.
+    assert times["last_sent"] <= times["last"] < times["end"] - HELD_S * 1e9
 
 
 def test_a_connection_that_does_not_stamp_gives_the_time_of_the_read():
@@ -96,11 +106,13 @@ def test_a_connection_that_does_not_stamp_gives_the_time_of_the_read():
                     await loop.sock_recv(server, 4096)
                     server.sendall(HEADERS + chunk(b"data: 1\n\n"))
                     async with await request as response:
+                        stamps = arrival.start(response)
+                        assert stamps is None
                         await fed(response, 9)
                         time.sleep(HELD_S)
                         before = time.perf_counter_ns()
                         await response.content.readany()
-                        return before, arrival.take(response), time.perf_counter_ns()
+                        return before, arrival.take(stamps), time.perf_counter_ns()
 
     before, stamp, after = asyncio.run(take_from_plain_session())
     assert before <= stamp <= after
@@ -121,9 +133,9 @@ async def pooled_exchange() -> tuple[int, int, int]:
                 await loop.sock_recv(server, 4096)
                 server.sendall(HEADERS + chunk(b"data: 1\n\n"))
                 async with await request as response:
-                    arrival.clear(response)
+                    stamps = arrival.start(response)
                     await response.content.readany()
-                    arrival.take(response)
+                    arrival.take(stamps)
                     server.sendall(b"0\r\n\r\n")  # the reply's end: stamped, never taken
                     await response.content.read()
                 await asyncio.sleep(0.03)
@@ -133,9 +145,9 @@ async def pooled_exchange() -> tuple[int, int, int]:
                 server.sendall(HEADERS + chunk(b"data: 2\n\n"))
                 async with await request as response:
                     received = time.perf_counter_ns()
-                    arrival.clear(response)
+                    stamps = arrival.start(response)
                     assert await response.content.readany() == b"data: 2\n\n"
-                    return sent, arrival.take(response), received
+                    return sent, arrival.take(stamps), received
 
 
 def test_a_reply_on_a_pooled_connection_is_not_stamped_with_the_last_ones_end():
