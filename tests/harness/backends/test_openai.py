@@ -212,7 +212,7 @@ def test_client_times_match_the_server_writes(start_server, concurrency):
     late when quiet, p99 3-9 ms when busy; CI once saw one chunk of 100 at 6.6 ms on a quiet
     machine, in each of 3 attempts). And at 64 streams the client's one event loop is itself
     busy: bytes that come in while it hands on other streams' chunks wait for its next poll
-    (a quiet AVX2 EPYC VM, 2026-11-29: chunk p95 0.6-8 ms an attempt, 4 of 10 over 2 ms). So
+    (a quiet AVX2 EPYC VM, 2026-11-29: chunk p95 0.6-8 ms an attempt, 3 of 10 over 2 ms). So
     the check is on the p95 and the best of 5 attempts, and when other processes kept the
     machine busy, a miss skips instead of failing; `test_arrival` holds the stamping itself to
     a fixed order of events.
