@@ -8,6 +8,7 @@ held (as other streams' parsing holds it), and only then is the read made.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 
@@ -31,50 +32,69 @@ async def fed(response: aiohttp.ClientResponse, num_bytes: int) -> None:
         await asyncio.sleep(0.001)
 
 
-async def exchange() -> dict[str, int]:
-    """One request to a hand-driven server: the headers, 30 ms later a first chunk read after
-    the loop was held, then two chunks read together, then the last chunk with the body's
-    end."""
+@contextlib.asynccontextmanager
+async def hand_driven(stamping: bool = True):
+    """A client session (one stamping connection, or aiohttp's own pool) and a server the test
+    writes by hand: yields `ask()`, which starts a GET and returns the server's end of the
+    connection, the request read off it, and the pending response."""
     loop = asyncio.get_running_loop()
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.setblocking(False)
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
-        async with aiohttp.ClientSession(connector=arrival.stamping_connector(4)) as session:
-            accepted = asyncio.ensure_future(loop.sock_accept(listener))
-            request = asyncio.ensure_future(session.get(url))
-            server, _ = await accepted
-            with server:
-                await loop.sock_recv(server, 4096)  # the request
-                server.sendall(HEADERS)
-                async with await request as response:
-                    stamps = arrival.start(response)
-                    assert isinstance(stamps, arrival.StampingHandler)
-                    await asyncio.sleep(0.03)
-                    times = {"first_sent": time.perf_counter_ns()}
-                    server.sendall(chunk(b"data: 1\n\n"))
-                    await fed(response, 9)
-                    times["held"] = time.perf_counter_ns()
-                    time.sleep(HELD_S)
-                    assert await response.content.readany() == b"data: 1\n\n"
-                    times["first"] = arrival.take(stamps)
-                    times["first_read"] = time.perf_counter_ns()
-                    times["second_sent"] = time.perf_counter_ns()
-                    server.sendall(chunk(b"data: 2\n\n"))
-                    await fed(response, 18)
-                    server.sendall(chunk(b"data: 3\n\n"))
-                    await fed(response, 27)
-                    time.sleep(HELD_S)
-                    assert await response.content.readany() == b"data: 2\n\ndata: 3\n\n"
-                    times["second"] = arrival.take(stamps)
-                    times["unstamped"] = arrival.take(stamps)  # nothing came in since
-                    times["last_sent"] = time.perf_counter_ns()
-                    server.sendall(chunk(b"data: 4\n\n") + b"0\r\n\r\n")  # and the body's end
-                    await fed(response, 36)
-                    assert response.connection is None  # aiohttp let the connection go
-                    time.sleep(HELD_S)
-                    assert await response.content.readany() == b"data: 4\n\n"
-                    times["last"] = arrival.take(stamps)
-                    times["end"] = time.perf_counter_ns()
+        connector = arrival.stamping_connector(1) if stamping else None
+        async with aiohttp.ClientSession(connector=connector) as session:
+            ends: list[socket.socket] = []
+
+            async def ask() -> tuple[socket.socket, asyncio.Future]:
+                request = asyncio.ensure_future(session.get(url))
+                if not ends:  # the first request opens the connection; the next reuse it
+                    ends.append((await loop.sock_accept(listener))[0])
+                await loop.sock_recv(ends[0], 4096)
+                return ends[0], request
+
+            try:
+                yield ask
+            finally:
+                for end in ends:
+                    end.close()
+
+
+async def exchange() -> dict[str, int]:
+    """One request to a hand-driven server: the headers, 30 ms later a first chunk read after
+    the loop was held, then two chunks read together, then the last chunk with the body's
+    end."""
+    async with hand_driven() as ask:
+        server, request = await ask()
+        server.sendall(HEADERS)
+        async with await request as response:
+            stamps = arrival.start(response)
+            assert isinstance(stamps, arrival.StampingHandler)
+            await asyncio.sleep(0.03)
+            times = {"first_sent": time.perf_counter_ns()}
+            server.sendall(chunk(b"data: 1\n\n"))
+            await fed(response, 9)
+            times["held"] = time.perf_counter_ns()
+            time.sleep(HELD_S)
+            assert await response.content.readany() == b"data: 1\n\n"
+            times["first"] = arrival.take(stamps)
+            times["first_read"] = time.perf_counter_ns()
+            times["second_sent"] = time.perf_counter_ns()
+            server.sendall(chunk(b"data: 2\n\n"))
+            await fed(response, 18)
+            server.sendall(chunk(b"data: 3\n\n"))
+            await fed(response, 27)
+            time.sleep(HELD_S)
+            assert await response.content.readany() == b"data: 2\n\ndata: 3\n\n"
+            times["second"] = arrival.take(stamps)
+            times["unstamped"] = arrival.take(stamps)  # nothing came in since
+            times["last_sent"] = time.perf_counter_ns()
+            server.sendall(chunk(b"data: 4\n\n") + b"0\r\n\r\n")  # and the body's end
+            await fed(response, 36)
+            assert response.connection is None  # aiohttp let the connection go
+            time.sleep(HELD_S)
+            assert await response.content.readany() == b"data: 4\n\n"
+            times["last"] = arrival.take(stamps)
+            times["end"] = time.perf_counter_ns()
     return times
 
 
@@ -94,25 +114,17 @@ def test_a_read_is_stamped_when_its_bytes_came_in_not_when_the_loop_got_to_it():
 
 def test_a_connection_that_does_not_stamp_gives_the_time_of_the_read():
     async def take_from_plain_session() -> tuple[int, int, int]:
-        loop = asyncio.get_running_loop()
-        with socket.create_server(("127.0.0.1", 0)) as listener:
-            listener.setblocking(False)
-            url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
-            async with aiohttp.ClientSession() as session:
-                accepted = asyncio.ensure_future(loop.sock_accept(listener))
-                request = asyncio.ensure_future(session.get(url))
-                server, _ = await accepted
-                with server:
-                    await loop.sock_recv(server, 4096)
-                    server.sendall(HEADERS + chunk(b"data: 1\n\n"))
-                    async with await request as response:
-                        stamps = arrival.start(response)
-                        assert stamps is None
-                        await fed(response, 9)
-                        time.sleep(HELD_S)
-                        before = time.perf_counter_ns()
-                        await response.content.readany()
-                        return before, arrival.take(stamps), time.perf_counter_ns()
+        async with hand_driven(stamping=False) as ask:
+            server, request = await ask()
+            server.sendall(HEADERS + chunk(b"data: 1\n\n"))
+            async with await request as response:
+                stamps = arrival.start(response)
+                assert stamps is None
+                await fed(response, 9)
+                time.sleep(HELD_S)
+                before = time.perf_counter_ns()
+                await response.content.readany()
+                return before, arrival.take(stamps), time.perf_counter_ns()
 
     before, stamp, after = asyncio.run(take_from_plain_session())
     assert before <= stamp <= after
@@ -121,33 +133,25 @@ def test_a_connection_that_does_not_stamp_gives_the_time_of_the_read():
 async def pooled_exchange() -> tuple[int, int, int]:
     """Two requests over one pooled connection: the first reply's end arrives after its last
     read (a stamp nobody takes); the second's headers and body arrive in one write."""
-    loop = asyncio.get_running_loop()
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.setblocking(False)
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
-        async with aiohttp.ClientSession(connector=arrival.stamping_connector(1)) as session:
-            accepted = asyncio.ensure_future(loop.sock_accept(listener))
-            request = asyncio.ensure_future(session.get(url))
-            server, _ = await accepted
-            with server:
-                await loop.sock_recv(server, 4096)
-                server.sendall(HEADERS + chunk(b"data: 1\n\n"))
-                async with await request as response:
-                    stamps = arrival.start(response)
-                    await response.content.readany()
-                    arrival.take(stamps)
-                    server.sendall(b"0\r\n\r\n")  # the reply's end: stamped, never taken
-                    await response.content.read()
-                await asyncio.sleep(0.03)
-                request = asyncio.ensure_future(session.get(url))
-                await loop.sock_recv(server, 4096)  # the same connection: no new accept
-                sent = time.perf_counter_ns()
-                server.sendall(HEADERS + chunk(b"data: 2\n\n"))
-                async with await request as response:
-                    received = time.perf_counter_ns()
-                    stamps = arrival.start(response)
-                    assert await response.content.readany() == b"data: 2\n\n"
-                    return sent, arrival.take(stamps), received
+    async with hand_driven() as ask:
+        server, request = await ask()
+        server.sendall(HEADERS + chunk(b"data: 1\n\n"))
+        async with await request as response:
+            stamps = arrival.start(response)
+            await response.content.readany()
+            arrival.take(stamps)
+            server.sendall(b"0\r\n\r\n")  # the reply's end: stamped, never taken
+            await response.content.read()
+        await asyncio.sleep(0.03)
+        same, request = await ask()  # the same connection: no new accept
+        assert same is server
+        sent = time.perf_counter_ns()
+        server.sendall(HEADERS + chunk(b"data: 2\n\n"))
+        async with await request as response:
+            received = time.perf_counter_ns()
+            stamps = arrival.start(response)
+            assert await response.content.readany() == b"data: 2\n\n"
+            return sent, arrival.take(stamps), received
 
 
 def test_a_reply_on_a_pooled_connection_is_not_stamped_with_the_last_ones_end():
