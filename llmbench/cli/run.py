@@ -73,7 +73,7 @@ from llmbench.errors import BackendFailure, UserError
     "--no-report",
     is_flag=True,
     help="write results.json and the records, not report.html, report.md and their figures "
-    "(seconds a run); `llmbench report OUT` renders them later. `ab` runs its rounds so",
+    "(seconds a run; `ab`'s rounds skip them): `llmbench report OUT` renders them later",
 )
 @click.option(
     "--client-cpus",

@@ -2,13 +2,13 @@
 
 A task awaiting `StreamReader.readany()` wakes one event-loop turn after its bytes arrived, and
 when many streams are ready at once it wakes behind the others' tasks, each parsing its chunk
-and handing the event on. A stamp taken when the read returns is late by all of that: 64
-streams writing in step on a 2-core VM read p95 2-4 ms late, tens of µs a stream ahead.
+and handing the event on: a stamp taken when the read returns is late by all of that.
 
 So each connection's protocol stamps the first bytes that arrive while none are unread, in the
 event loop's own read callback, and a read takes that stamp (`take`). The loop calls those
-callbacks one after another as soon as its poll returns, so what is left is the few µs of aiohttp's
-HTTP parsing a connection ahead.
+callbacks one after another as soon as its poll returns, so what is left is aiohttp's HTTP
+parsing of the connections ahead (µs), and what no stamp in the client can take out: bytes
+that wait in the kernel while the loop is busy, until its next poll.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ class StampingHandler(ResponseHandler):
         self.last_ns: int | None = None
 
     def data_received(self, data: bytes) -> None:
-        self.last_ns = time.perf_counter_ns()
-        if self.arrival_ns is None:
-            self.arrival_ns = self.last_ns
+        if data:  # aiohttp calls it empty too, to resume reading: nothing arrived
+            self.last_ns = time.perf_counter_ns()
+            if self.arrival_ns is None:
+                self.arrival_ns = self.last_ns
         super().data_received(data)
 
 
@@ -56,6 +57,15 @@ def start(response: aiohttp.ClientResponse) -> StampingHandler | None:
         return None
     handler.arrival_ns = handler.last_ns if response.content.total_bytes else None
     return handler
+
+
+def last(stamps: StampingHandler | None) -> int:
+    """When the last bytes arrived (a whole reply read at once); now where the connection does
+    not stamp."""
+    if stamps is None or stamps.last_ns is None:
+        return time.perf_counter_ns()
+    stamps.arrival_ns = None
+    return stamps.last_ns
 
 
 def take(stamps: StampingHandler | None) -> int:

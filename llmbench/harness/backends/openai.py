@@ -212,7 +212,7 @@ class OpenAIBackend:
                 content = response.content
                 if response.content_type == "application/json":  # the server did not stream
                     data = await content.read()
-                    t_ns = arrival.take(stamps)
+                    t_ns = arrival.last(stamps)  # the whole reply's arrival
                     for event in parser.feed_response(data, t_ns):
                         yield event
                 while not parser.is_done:

@@ -157,3 +157,27 @@ async def pooled_exchange() -> tuple[int, int, int]:
 def test_a_reply_on_a_pooled_connection_is_not_stamped_with_the_last_ones_end():
     sent, stamp, received = asyncio.run(pooled_exchange())
     assert sent <= stamp <= received
+
+
+def test_a_reply_read_whole_is_stamped_when_its_last_bytes_came_in():
+    """A server that does not stream (a JSON reply) is one read of the whole body: its time is
+    its last bytes' arrival, not its first's, nor the read's."""
+
+    async def read_whole() -> tuple[int, int, int]:
+        body = b'{"choices": []}'
+        async with hand_driven() as ask:
+            server, request = await ask()
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            server.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+            async with await request as response:
+                stamps = arrival.start(response)
+                await asyncio.sleep(0.03)
+                sent = time.perf_counter_ns()
+                server.sendall(body[5:])
+                await fed(response, len(body))
+                time.sleep(HELD_S)
+                assert await response.content.read() == body
+                return sent, arrival.last(stamps), time.perf_counter_ns()
+
+    sent, stamp, read = asyncio.run(read_whole())
+    assert sent <= stamp < read - HELD_S * 1e9
