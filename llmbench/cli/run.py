@@ -136,6 +136,7 @@ def run(
     from llmbench.harness.run import execute
     from llmbench.harness.run_signals import RunInterrupted
     from llmbench.harness.variants import load_variants
+    from llmbench.reports.render import write_reports
 
     if repeat is not None and repeat < 1:
         raise UserError(f"--repeat {repeat}: must be >= 1")
@@ -148,7 +149,7 @@ def run(
     own_shard = shards.from_options(shard, start_at, spec)
     if client_cpus is not None:
         client_load.pin(client_load.parse_cpu_list(client_cpus), client_cpus)
-    reports = _no_reports if no_report else _write_reports
+    reports = _no_reports if no_report else write_reports
     try:
         if variants:
             _run_variants(spec, variants, out, strict, force, reports)
@@ -177,12 +178,6 @@ def run(
     except BackendFailure as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
-
-
-def _write_reports(root: Path) -> list[Path]:
-    from llmbench.reports.render import write_reports
-
-    return write_reports(root)
 
 
 def _no_reports(root: Path) -> list[Path]:
