@@ -22,7 +22,15 @@ from llmbench.errors import UserError
 @click.option("--quantize", default="none", show_default=True, help=QUANTIZE_HELP)
 @click.option("--batch", default="1", show_default=True, help="sequences per step, e.g. 1,8,32")
 @click.option("--context", default="1k", show_default=True, help="context length(s), e.g. 512,4k")
-@click.option("--phase", default="decode", show_default=True, help="decode or prefill")
+@click.option(
+    "--phase",
+    default="decode",
+    show_default=True,
+    help="decode, prefill or verify (speculative decoding's steps: k drafts a sequence)",
+)
+@click.option(
+    "--drafts", default=4, show_default=True, type=int, help="verify: draft tokens a sequence"
+)
 @click.option("--steps", default=8, show_default=True, type=int, help="profiled steps per point")
 @click.option("--threads", default=None, type=THREADS, help="CPU threads (default: torch's)")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None)
@@ -34,6 +42,7 @@ def profile(
     batch: str,
     context: str,
     phase: str,
+    drafts: int,
     steps: int,
     threads: int | None,
     html_path: Path | None,
@@ -64,6 +73,7 @@ def profile(
         contexts=tuple(_sizes(context, "--context")),
         phase=phase,
         num_steps=steps,
+        num_drafts=drafts,
         threads=threads,
     )
     check_file_option(html_path, "--html")

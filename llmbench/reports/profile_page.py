@@ -16,7 +16,7 @@ from llmbench.reports.html_report import Page, render_page
 from llmbench.reports.roofline_axes import draw_roof, log_axes, marker_area, scatter_legend
 from llmbench.reports.tables import sentence, si
 from llmbench.roofline.ceilings import threads_text
-from llmbench.roofline.profile_table import subject
+from llmbench.roofline.profile_table import phase_text, subject
 
 HEADER = (
     "op",
@@ -167,7 +167,7 @@ def render(result: dict[str, Any]) -> Page:
     roofs = result["roofs"]
     flops = roofs["flops_per_s"]
     subtitle = (
-        f"{result['phase']}, {result['num_steps']} profiled steps per point, "
+        f"{phase_text(result)}, {result['num_steps']} profiled steps per point, "
         f"{threads_text(result['threads'])} on {result['device']}; roofs: read "
         f"{si(roofs['read_bytes_per_s'], 'B/s')} ({roofs['sources']['read_bytes_per_s']}), "
         f"matmul {result['dtype']} {si(flops, 'FLOP/s') if flops else 'unknown'}; load average "

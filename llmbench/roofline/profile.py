@@ -2,7 +2,8 @@
 
 Builds an `LLMEngine` on the CPU (the profiler records CPU activities), sets up `batch`
 sequences at `context` tokens (prefilled first, untimed), then runs real engine steps — decode
-steps of the whole batch, or prefill steps of `batch` prompts of `context` tokens — under
+steps of the whole batch, verify steps (speculative decoding: each sequence's last token and
+k drafts, k + 1 query rows), or prefill steps of `batch` prompts of `context` tokens — under
 `torch.profiler` (CPU activities, input shapes). Each step's top-level profiler events are
 attributed to the model's ops (`profile_ops.classify`; the stacked decode layers are timed op by
 op on their own clock instead, `_profiled`), and each op is put on the roofline with
@@ -46,14 +47,15 @@ if TYPE_CHECKING:  # the engine is imported lazily: the roofline layer loads wit
     from llmbench.engine.engine import EngineConfig
 
 STEP_SCOPE = "llmbench::step"  # the profiler span around each engine.step()
-PHASES = ("decode", "prefill")
+PHASES = ("decode", "prefill", "verify")
 
 
 @dataclass(frozen=True)
 class ProfileSpec:
     """What to profile: a model and dtype, each (batch, context) point, the phase, how many
     measured steps per point (after `num_warmup_steps` unmeasured ones); `quantize`, the
-    weights' scheme as the engine takes it (`int8`, `int4`, ...; None: the dtype's)."""
+    weights' scheme as the engine takes it (`int8`, `int4`, ...; None: the dtype's);
+    `num_drafts`, the draft tokens each sequence verifies a step (phase verify)."""
 
     model: str
     dtype: str = "bfloat16"
@@ -65,29 +67,34 @@ class ProfileSpec:
     threads: int | None = None
     seed: int = 0
     quantize: str | None = None
+    num_drafts: int = 4
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
-            raise UserError(f"profile: --phase {self.phase}: use decode or prefill")
+            raise UserError(f"profile: --phase {self.phase}: use decode, prefill or verify")
+        if self.phase == "verify" and self.num_drafts < 1:
+            raise UserError(f"profile: --drafts {self.num_drafts}: a verify needs >= 1 draft")
         if self.num_steps < 1 or self.num_warmup_steps < 0:
             raise UserError("profile: --steps must be >= 1")
         if not self.batches or min(self.batches) < 1 or not self.contexts:
             raise UserError("profile: --batch and --context need values >= 1")
-        if self.phase == "decode" and min(self.contexts) < self.num_warmup_steps + 2:
+        if self.phase != "prefill" and min(self.contexts) < self.num_warmup_steps + 2:
             raise UserError(
-                f"profile: --context {min(self.contexts)}: a decode needs at least "
+                f"profile: --context {min(self.contexts)}: a {self.phase} needs at least "
                 f"{self.num_warmup_steps + 2} tokens of context"
             )
 
 
 @dataclass(frozen=True)
 class ProfiledStep:
-    """One engine step under the profiler: its wall time, its top-level events, its record."""
+    """One engine step under the profiler: its wall time, its top-level events, its record
+    (`num_draft_tokens`: the drafts it verified, each a query row that needs logits)."""
 
     wall_us: float
     events: tuple[OpEvent, ...]
     context_lens: tuple[int, ...]
     query_lens: tuple[int, ...]
+    num_draft_tokens: int = 0
 
 
 def profile(
@@ -109,12 +116,13 @@ def profile(
     config = open_weights(spec.model).config
     if config.num_experts:
         raise UserError(f"profile: {spec.model} is a mixture of experts; profile a dense model")
-    extra = spec.num_warmup_steps + 2 * spec.num_steps + 2  # decode tokens past the context
-    longest = max(spec.contexts) + (extra if spec.phase == "decode" else 1)
+    extra = _tokens_past_context(spec)
+    longest = max(spec.contexts) + max(extra, 1)
     if longest > config.max_position_embeddings:
         raise UserError(
-            f"profile: --context {max(spec.contexts)} leaves no room for {extra} steps in the "
-            f"model's {config.max_position_embeddings}-token window; give a shorter context"
+            f"profile: --context {max(spec.contexts)} leaves no room for the {max(extra, 1)} "
+            f"tokens its steps add in the model's {config.max_position_embeddings}-token "
+            "window; give a shorter context"
         )
     # A point's prompts prefilled in one step: decode points then start together (prefilled
     # over several steps, the first sequences decoded during the later ones and finished
@@ -131,8 +139,11 @@ def profile(
             max_num_batched_tokens=max(2048, batched),
             enable_prefix_caching=False,
             kv_cache_memory=kv_bytes,
+            speculative=_verify_config(spec) or engine_config.speculative,
         )
     )
+    if spec.phase == "verify":
+        engine.proposer = FixedDrafts(spec.num_drafts)
     import torch
 
     weight_bpp, lm_head_bpp = loaded_bytes_per_param(config, engine.model.weight_bytes)
@@ -162,6 +173,7 @@ def profile(
         "dtype": spec.dtype,
         "quantize": spec.quantize,
         "phase": spec.phase,
+        "num_drafts": spec.num_drafts if spec.phase == "verify" else 0,
         "device": roofs["device"],
         "threads": torch.get_num_threads(),
         "num_steps": spec.num_steps,
@@ -186,12 +198,14 @@ def step_shape(
     step: ProfiledStep, weight_bpp: float, kv_bytes_per_elem: float, lm_head_bpp: float
 ) -> StepShape:
     """The cost model's view of a profiled step, as `roofline.cost_steps` builds it: each
-    sequence a chunk of q tokens ending at its context c."""
+    sequence a chunk of q tokens ending at its context c, its verified drafts' rows with
+    logits."""
     return StepShape(
         prefill=tuple((c - q, q) for c, q in zip(step.context_lens, step.query_lens, strict=True)),
         weight_bytes_per_param=weight_bpp,
         kv_bytes_per_elem=kv_bytes_per_elem,
         lm_head_bytes_per_param=lm_head_bpp,
+        num_draft_tokens=step.num_draft_tokens,
     )
 
 
@@ -239,6 +253,46 @@ def _kv_bytes(config, spec: ProfileSpec, longest: int) -> int:
     return tokens * per_token
 
 
+def _tokens_past_context(spec: ProfileSpec) -> int:
+    """How far a point's sequences may grow past its context: a decode step adds one token, a
+    verify step up to k + 1 (and its sequence needs room for k more drafts); prefill none."""
+    steps = spec.num_warmup_steps + 2 * spec.num_steps + 2
+    if spec.phase == "decode":
+        return steps
+    if spec.phase == "verify":
+        return steps * (spec.num_drafts + 1) + spec.num_drafts + 1
+    return 0
+
+
+def _verify_config(spec: ProfileSpec):
+    """Speculative decoding on, for a verify profile (its drafts come from `FixedDrafts`)."""
+    if spec.phase != "verify":
+        return None
+    from llmbench.engine.speculative import SpeculativeConfig
+
+    return SpeculativeConfig(method="ngram", num_tokens=spec.num_drafts)
+
+
+class FixedDrafts:
+    """A proposer that drafts k tokens for every sequence each step (its last k tokens again):
+    each step verifies k + 1 rows a sequence, whether its drafts are accepted or not, as a
+    speculative run's steps do while every sequence finds drafts. No model runs."""
+
+    model_config = None
+    draft_passes: tuple = ()
+
+    def __init__(self, num_drafts: int):
+        self.num_drafts = num_drafts
+
+    def propose(self, seqs, running) -> None:
+        from llmbench.engine.speculative import max_draft_tokens
+
+        for seq in seqs:
+            k = max_draft_tokens(seq, self.num_drafts)
+            seq.spec_token_ids = list(seq.token_ids[-k:]) if k else []
+            seq.spec_probs = None
+
+
 def _requests(engine, batch: int, prompt_len: int, max_tokens: int, rng: random.Random) -> list:
     """`batch` requests of random prompts (distinct: no prefix is shared), greedy, EOS ignored."""
     from llmbench.engine.sampling import SamplingParams
@@ -257,12 +311,15 @@ def _run_point(
     """The profiled steps of one point and the wall times (ns) of as many steps unprofiled.
 
     Decode: `batch` prompts of context − 1 − warm-up tokens are prefilled (untimed), then
-    `num_warmup_steps` decode steps, so the first profiled step runs at `context`. Prefill:
-    every step gets `batch` fresh prompts of `context` tokens, one token to generate."""
+    `num_warmup_steps` decode steps, so the first profiled step runs at `context`. Verify: the
+    same with k + 1 rows a sequence a step (from `context` on: a step adds 1 to k + 1 tokens,
+    as many as were accepted). Prefill: every step gets `batch` fresh prompts of `context`
+    tokens, one token to generate."""
     num_steps, num_warmup = spec.num_steps, spec.num_warmup_steps
-    expected_queries = (1,) * batch if spec.phase == "decode" else (context,) * batch
-    if spec.phase == "decode":
-        max_tokens = 1 + num_warmup + 2 * num_steps + 1
+    rows = 1 + (spec.num_drafts if spec.phase == "verify" else 0)
+    expected_queries = (context if spec.phase == "prefill" else rows,) * batch
+    if spec.phase != "prefill":
+        max_tokens = _tokens_past_context(spec)
         ids = _requests(engine, batch, context - 1 - num_warmup, max_tokens, rng)
         started: set[str] = set()
         while len(started) < batch:  # the prefill: until every sequence has its first token
@@ -293,7 +350,8 @@ def _run_point(
 
 
 def _check_queries(query_lens: tuple[int, ...], expected: tuple[int, ...]) -> None:
-    """A measured step ran the point's batch: `batch` × 1 query row (decode) or × context."""
+    """A measured step ran the point's batch: `batch` × 1 query row (decode), × k + 1
+    (verify) or × context (prefill)."""
     if tuple(query_lens) != expected:
         raise UserError(
             f"profile: a step ran query lengths {tuple(query_lens)[:4]}..., not "
@@ -374,6 +432,7 @@ def _profiled(engine, num_steps: int, before_each: Callable[[], None]) -> list[P
                 events=tuple(events),
                 context_lens=tuple(record.context_lens),
                 query_lens=tuple(record.query_lens),
+                num_draft_tokens=record.num_proposed_tokens,
             )
         )
     return steps
@@ -505,6 +564,7 @@ def point_result(
                 "wall_ms": s.wall_us / 1e3,
                 "context_lens": list(s.context_lens),
                 "query_lens": list(s.query_lens),
+                "num_draft_tokens": s.num_draft_tokens,
             }
             for s in steps
         ],

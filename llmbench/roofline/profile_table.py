@@ -22,6 +22,12 @@ def subject(result: dict[str, Any]) -> str:
     return f"{result['model']} {result['dtype']}" + (f", {quantize} weights" if quantize else "")
 
 
+def phase_text(result: dict[str, Any]) -> str:
+    """The phase profiled: `decode`, `prefill`, `verify (4 drafts a sequence)`."""
+    drafts = result.get("num_drafts", 0)  # absent from an older profile's JSON
+    return result["phase"] + (f" ({drafts} drafts a sequence)" if drafts else "")
+
+
 def header_line(result: dict[str, Any]) -> str:
     """What was profiled, on which roofs, how busy the machine was."""
     roofs = result["roofs"]
@@ -29,7 +35,7 @@ def header_line(result: dict[str, Any]) -> str:
     matmul = f"{flops / 1e9:.0f} GFLOP/s" if flops else "no matmul roof"
     clocked = result.get("clocked_layers", False)  # absent from an older profile's JSON
     return (
-        f"{subject(result)}, {result['phase']}, {result['num_steps']} steps "
+        f"{subject(result)}, {phase_text(result)}, {result['num_steps']} steps "
         f"per point, {threads_text(result['threads'])}; roofs: read "
         f"{roofs['read_bytes_per_s'] / 1e9:.1f} GB/s ({roofs['sources']['read_bytes_per_s']}; "
         f"{roofs['sources']['read']}), matmul {result['dtype']} {matmul}; load average "

@@ -89,7 +89,8 @@ def test_profile_prints_a_table_and_writes_json_and_html(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--phase", "train"], "--phase train: use decode or prefill"),
+        (["--phase", "train"], "--phase train: use decode, prefill or verify"),
+        (["--phase", "verify", "--drafts", "0"], "--drafts 0: a verify needs >= 1 draft"),
         (["--batch", "x"], "--batch x: 'x' is not a count"),
         (["--dtype", "int3"], "--dtype int3: use float32, bfloat16 or float16"),
         (["--quantize", "int3"], "quantize 'int3': unknown scheme; use int8, int4"),

@@ -30,7 +30,9 @@ def _engine(spec: ProfileSpec):
     )
 
 
-@pytest.fixture(scope="module", params=[("bfloat16", "decode"), ("float32", "prefill")])
+@pytest.fixture(
+    scope="module", params=[("bfloat16", "decode"), ("float32", "prefill"), ("float32", "verify")]
+)
 def result(request):
     dtype, phase = request.param
     spec = ProfileSpec(
@@ -41,6 +43,7 @@ def result(request):
         phase=phase,
         num_steps=2,
         num_warmup_steps=1,
+        num_drafts=3,
     )
     return profile(spec, _engine(spec), ROOFS)
 
@@ -53,6 +56,11 @@ def test_every_point_is_the_steps_it_asked_for(result):
             if result["phase"] == "decode":  # the first profiled step runs at the context
                 assert step["context_lens"] == [24 + k] * batch
                 assert step["query_lens"] == [1] * batch
+            elif result["phase"] == "verify":  # the last token and 3 drafts a sequence
+                assert step["query_lens"] == [4] * batch
+                assert step["num_draft_tokens"] == 3 * batch
+                # from the context on (a step adds 1-4 tokens: its accepted drafts and one)
+                assert all(c >= 24 + 3 + k for c in step["context_lens"])
             else:  # a whole prompt of each sequence in one step
                 assert step["context_lens"] == step["query_lens"] == [24] * batch
 
@@ -84,6 +92,7 @@ def test_the_ops_bytes_and_flops_add_up_to_the_cost_models_step(result):
                     ),
                     weight_bytes_per_param=size,
                     kv_bytes_per_elem=size,
+                    num_draft_tokens=s["num_draft_tokens"],  # rows with logits: k + 1
                 ),
             )
             for s in point["steps"]
@@ -117,7 +126,7 @@ def test_a_decode_steps_layers_are_timed_by_the_stacks_own_clock(result):
     """A decode step runs every layer in one C++ call that times its ops itself (and leaves the
     profiler no event inside): each layer op is one row of that clock a layer; a prefill step's
     ops are the profiler's events."""
-    is_decode = result["phase"] == "decode"
+    is_decode = result["phase"] != "prefill"  # a verify step is decode-shaped
     assert result["clocked_layers"] is is_decode
     layers = PRESETS["tiny"].num_layers
     for point in result["points"]:
@@ -149,13 +158,15 @@ def test_the_table_has_a_row_per_op_and_the_remainder(result):
     assert rows[: len(OPS)] == list(OPS)
     assert rows[len(OPS) : len(OPS) + 2] == ["attributed", "unattributed"]
     assert "(Python, dispatch, the profiler's own)" in text
-    assert text.startswith(f"synthetic:tiny {result['dtype']}, {result['phase']}, 2 steps")
+    phase = {"verify": "verify (3 drafts a sequence)"}.get(result["phase"], result["phase"])
+    assert text.startswith(f"synthetic:tiny {result['dtype']}, {phase}, 2 steps")
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"phase": "train"}, "--phase train: use decode or prefill"),
+        ({"phase": "train"}, "--phase train: use decode, prefill or verify"),
+        ({"phase": "verify", "num_drafts": 0}, "--drafts 0: a verify needs >= 1 draft"),
         ({"num_steps": 0}, "--steps must be >= 1"),
         ({"batches": (0,)}, "--batch and --context need values >= 1"),
         ({"contexts": (2,)}, "--context 2: a decode needs at least 4 tokens"),
