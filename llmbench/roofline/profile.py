@@ -116,13 +116,13 @@ def profile(
     config = open_weights(spec.model).config
     if config.num_experts:
         raise UserError(f"profile: {spec.model} is a mixture of experts; profile a dense model")
-    extra = _tokens_past_context(spec)
-    longest = max(spec.contexts) + max(extra, 1)
+    room = max(_tokens_past_context(spec), 1)  # tokens past the context (prefill: its first)
+    longest = max(spec.contexts) + room
     if longest > config.max_position_embeddings:
         raise UserError(
-            f"profile: --context {max(spec.contexts)} leaves no room for the {max(extra, 1)} "
-            f"tokens its steps add in the model's {config.max_position_embeddings}-token "
-            "window; give a shorter context"
+            f"profile: --context {max(spec.contexts)} leaves no room for the {room} token(s) its "
+            f"steps add in the model's {config.max_position_embeddings}-token window; give a "
+            "shorter context"
         )
     # A point's prompts prefilled in one step: decode points then start together (prefilled
     # over several steps, the first sequences decoded during the later ones and finished

@@ -178,8 +178,13 @@ def test_a_bad_spec_is_a_user_error(kwargs, message):
 
 
 def test_a_context_past_the_window_and_a_mixture_of_experts_are_refused():
-    with pytest.raises(UserError, match="leaves no room for"):
+    """synthetic:tiny's window is 4,096 tokens. 8 steps after 2 of warm-up: a decode adds up to
+    2 + 16 + 2 = 20 tokens past its context, a verify of 4 drafts 20 · 5 + 5 = 105."""
+    with pytest.raises(UserError, match=r"leaves no room for the 20 token\(s\) its steps add"):
         spec = ProfileSpec("synthetic:tiny", contexts=(4090,))
+        profile(spec, _engine(spec), ROOFS)
+    with pytest.raises(UserError, match=r"--context 4000 leaves no room for the 105 token\(s\)"):
+        spec = ProfileSpec("synthetic:tiny", contexts=(4000,), phase="verify")
         profile(spec, _engine(spec), ROOFS)
     with pytest.raises(UserError, match="mixture of experts"):
         spec = ProfileSpec("synthetic:tiny-moe")
