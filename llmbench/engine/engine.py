@@ -43,7 +43,7 @@ from llmbench.engine.sampling import SamplingParams, check_stop, make_generator
 from llmbench.engine.scheduler import Scheduler, SchedulerConfig
 from llmbench.engine.sequence import Sequence
 from llmbench.engine.spans import span
-from llmbench.engine.speculative import SpeculativeConfig
+from llmbench.engine.speculative import Proposer, SpeculativeConfig
 from llmbench.engine.weights import open_weights
 from llmbench.errors import UserError
 
@@ -146,7 +146,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, proposer: Proposer | None = None):
+        """`proposer`: drafts instead of the one `config.speculative` names, which still sets
+        how many a step verifies (`llmbench profile --phase verify`'s fixed drafts)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -199,14 +201,18 @@ class LLMEngine:
             self.model.kernels_description += f"; {graphs_line}"
         self.runner = ModelRunner(self.model, self.kv_cache, decode_graphs)
         # Guesses k tokens ahead before each step (None: speculation off).
-        self.proposer = make_proposer(
-            config.speculative,
-            self.model,
-            self.tokenizer,
-            config.model,
-            self.kv_cache,
-            self.blocks,
-            config.max_num_batched_tokens,
+        self.proposer = (
+            proposer
+            if proposer is not None
+            else make_proposer(
+                config.speculative,
+                self.model,
+                self.tokenizer,
+                config.model,
+                self.kv_cache,
+                self.blocks,
+                config.max_num_batched_tokens,
+            )
         )
         # The draft model's shape, for the cost model (None: no draft model runs).
         self.draft_model_config = getattr(self.proposer, "model_config", None)

@@ -140,10 +140,9 @@ def profile(
             enable_prefix_caching=False,
             kv_cache_memory=kv_bytes,
             speculative=_verify_config(spec) or engine_config.speculative,
-        )
+        ),
+        proposer=FixedDrafts(spec.num_drafts) if spec.phase == "verify" else None,
     )
-    if spec.phase == "verify":
-        engine.proposer = FixedDrafts(spec.num_drafts)
     import torch
 
     weight_bpp, lm_head_bpp = loaded_bytes_per_param(config, engine.model.weight_bytes)
