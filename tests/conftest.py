@@ -20,21 +20,6 @@ from llmbench.kernels.cpu_info import this_cpu_flags
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# The files that take a minute or more of a worker's time (seconds of a clean-clone CI on the
-# 2-core AVX2 EPYC, 2026-11-29), longest first: xdist hands out whole files in the order of the
-# collection (`--no-loadscope-reorder`; its default order is by number of tests, which put the
-# one-test files of two minutes last), so these start first and the two workers end together.
-LONGEST_FILES = (
-    "tests/test_docs.py",  # 329 s
-    "tests/cli/test_run.py",  # 197
-    "tests/harness/test_run.py",  # 134
-    "tests/kernels/test_cpu_lesser_isa.py",  # 127
-    "tests/cli/test_compare.py",  # 96
-    "tests/engine/test_smollm2.py",  # 89
-    "tests/test_wheel.py",  # 66
-    "tests/benchmarks/test_gpu_sitting.py",  # 60
-)
-
 settings.register_profile("default", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
@@ -59,16 +44,15 @@ def pytest_collection_modifyitems(config, items):
     peer`), so that neither the default run nor `-m "not slow"` needs that server. `gpu` tests
     need a CUDA device, `quant_kernel` tests a C++ extension with its int8/int4 kernels (AVX2
     or better: not the scalar build): without them they are deselected (not skipped), in every
-    folder. The `LONGEST_FILES` come first."""
+    folder."""
     if not torch.cuda.is_available():
         _deselect(config, items, "gpu")
     isa, _ = cpu_extension.choose_isa(this_cpu_flags(), cpu_extension.wanted_isa(os.environ))
     if isa == "scalar":
         _deselect(config, items, "quant_kernel")
-    if "peer" not in (config.option.markexpr or ""):
-        _deselect(config, items, "peer")
-    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
+    if "peer" in (config.option.markexpr or ""):
+        return
+    _deselect(config, items, "peer")
 
 
 def _deselect(config, items: list, marker: str) -> None:
