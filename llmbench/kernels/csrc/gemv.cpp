@@ -332,13 +332,13 @@ at::Tensor gemv_float32_panels(const Problem& p, at::Tensor y) {
 // Below the panels, an AVX2 build reads W one row at a time, each thread its contiguous share
 // of rows: a single sequential stream the hardware prefetcher follows (a 16-bit row's next one
 // prefetched too: dot_row), where 4 rows at a time (below) are 4 short streams that needed
-// software prefetches. A bfloat16 row is read 16
-// elements a load and widened by a shift (the even elements) and a mask (the odd ones), so x
-// comes split the same way: within each 16 elements, its 8 even then its 8 odd (the tail past
-// the last 16 as it is). A plain 2-thread read of 256 MB of bfloat16 rows of 576 (AMD EPYC,
-// Zen 3): 4 rows, prefetched, widened by VPMOVZXWD 18-21 GB/s; one row, widened in place, 24-28.
-// Longer rows than this go kRows at a time, prefetched: at K = 1536 one row at a time read
-// 23.5 GB/s, 4 rows 26.7 (the same plain read, median of 21).
+// software prefetches. A bfloat16 row is read 16 elements a load and widened by a shift (the
+// even elements) and a mask (the odd ones), so x comes split the same way: within each 16
+// elements, its 8 even then its 8 odd (the tail past the last 16 as it is). A plain 2-thread
+// read of 256 MB of bfloat16 rows of 576 (AMD EPYC, Zen 3): 4 rows, prefetched, widened by
+// VPMOVZXWD 18-21 GB/s; one row, widened in place, 24-28. Longer rows than this go kRows at a
+// time, prefetched: at K = 1536 one row at a time read 23.5 GB/s, 4 rows 26.7 (the same plain
+// read, median of 21).
 constexpr int64_t kOneRowMaxK = 1024;
 
 // The 16 elements of W at w as two float32 vectors matching x_as_float's order.
