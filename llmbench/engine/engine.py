@@ -147,8 +147,9 @@ def resolve_device(name: str) -> torch.device:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, proposer: Proposer | None = None):
-        """`proposer`: drafts instead of the one `config.speculative` names, which still sets
-        how many a step verifies (`llmbench profile --phase verify`'s fixed drafts)."""
+        """`proposer`: drafts instead of the one `config.speculative` names, which is then not
+        read (`llmbench profile --phase verify`'s fixed drafts: speculation is on whenever a
+        proposer is)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)

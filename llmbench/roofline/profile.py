@@ -139,7 +139,6 @@ def profile(
             max_num_batched_tokens=max(2048, batched),
             enable_prefix_caching=False,
             kv_cache_memory=kv_bytes,
-            speculative=_verify_config(spec) or engine_config.speculative,
         ),
         proposer=FixedDrafts(spec.num_drafts) if spec.phase == "verify" else None,
     )
@@ -261,15 +260,6 @@ def _tokens_past_context(spec: ProfileSpec) -> int:
     if spec.phase == "verify":
         return steps * (spec.num_drafts + 1) + spec.num_drafts + 1
     return 0
-
-
-def _verify_config(spec: ProfileSpec):
-    """Speculative decoding on, for a verify profile (its drafts come from `FixedDrafts`)."""
-    if spec.phase != "verify":
-        return None
-    from llmbench.engine.speculative import SpeculativeConfig
-
-    return SpeculativeConfig(method="ngram", num_tokens=spec.num_drafts)
 
 
 class FixedDrafts:
