@@ -19,13 +19,14 @@ def merge(shard_dirs: tuple[Path, ...], out: Path) -> None:
     from llmbench.harness.results import RESULTS_FILE
     from llmbench.harness.run_folder import prepare_folder, removed_if_left_empty
     from llmbench.harness.summary_lines import format_summary
+    from llmbench.harness.sweep_folders import point_folders, point_load
     from llmbench.reports.render import write_reports
 
     with removed_if_left_empty(out):
         prepare_folder(out)
-        points = {p.name: float(p.name[6:]) for d in shard_dirs for p in d.glob("point-*")}
-        if points and not any((d / RESULTS_FILE).is_file() for d in shard_dirs):
-            for name in sorted(points, key=points.get):
+        loads = {p.name: point_load(p.name) for d in shard_dirs for p in point_folders(d)}
+        if loads and not any((d / RESULTS_FILE).is_file() for d in shard_dirs):
+            for name in sorted(loads, key=lambda name: loads[name]):
                 result = merge_shards([d / name for d in shard_dirs], out / name)
                 click.echo(format_summary(result), err=True)
         else:

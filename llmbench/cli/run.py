@@ -280,8 +280,9 @@ def _rebuild_missing_results(folder: Path) -> None:
     """results.json of a killed run (and of each killed point of a sweep, each killed variant),
     rebuilt from its record files, with one line on stderr saying so."""
     from llmbench.harness.run_summary import can_rebuild, rebuild
+    from llmbench.harness.sweep_folders import point_folders
 
-    points = sorted(folder.glob("point-*"))
+    points = point_folders(folder)
     for run_folder in (folder, *points, *sorted(folder.glob("variants/*"))):
         if can_rebuild(run_folder):
             result = rebuild(run_folder)

@@ -30,8 +30,8 @@ from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import RESULTS_FILE, Device, RunResult, read_results
 from llmbench.harness.run_summary import can_rebuild
 from llmbench.harness.spec import NOT_THE_BENCHMARK, RunSpec
+from llmbench.harness.sweep_folders import point_folders
 
-SWEEP_POINT_GLOB = "point-*"
 # Spec keys that name a run and its folder: they may differ (so may `spec.NOT_THE_BENCHMARK`).
 LABEL_KEYS = ("name", "output_dir")
 # Provenance keys that must match, named first when they differ (spec_hash then says where).
@@ -249,7 +249,7 @@ def load_side(path: Path) -> dict[str | None, LoadedRun]:
         )
     if (path / RESULTS_FILE).is_file():
         return {None: load_run(path / RESULTS_FILE)}
-    points = sorted(p for p in path.glob(SWEEP_POINT_GLOB) if p.is_dir())
+    points = point_folders(path)
     for folder in (*points, path):
         if can_rebuild(folder):
             raise UserError(
@@ -264,9 +264,7 @@ def load_side(path: Path) -> dict[str | None, LoadedRun]:
     for folder in points:
         if not (folder / RESULTS_FILE).is_file():
             raise UserError(f"{folder}: no results.json in this sweep point")
-    runs = {folder.name: load_run(folder / RESULTS_FILE) for folder in points}
-    order = sorted(runs, key=lambda name: (runs[name].result.sweep_point or 0.0, name))
-    return {name: runs[name] for name in order}
+    return {folder.name: load_run(folder / RESULTS_FILE) for folder in points}
 
 
 # -- the same benchmark? -------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from llmbench.harness.run_summary import (
 )
 from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spec_load import spec_from_dict
+from llmbench.harness.sweep_folders import point_folders
 
 
 def shift_record(r: RequestRecord, delta_ns: int) -> RequestRecord:
@@ -66,7 +67,7 @@ def read_shards(folders: Sequence[Path]) -> list[tuple[Path, RunResult]]:
             raise UserError(f"{folder}: no such folder; give the shard folders of one run")
         if can_rebuild(folder):
             rebuild(folder)
-        if not (folder / RESULTS_FILE).is_file() and any(folder.glob("point-*")):
+        if not (folder / RESULTS_FILE).is_file() and point_folders(folder):
             raise UserError(f"{folder}: a sweep folder; merge its point-* folders one by one")
         found.append((folder, read_results(folder)))
     check_shards(found)

@@ -31,6 +31,7 @@ from llmbench.harness.run_folder import (
 from llmbench.harness.run_point import say
 from llmbench.harness.run_signals import RunInterrupted, StopSignals
 from llmbench.harness.spec import RunSpec
+from llmbench.harness.sweep_folders import point_folders, point_name
 
 
 def execute(
@@ -90,15 +91,15 @@ def _execute_claimed(
         verdicts = []
         try:
             for value in _sweep_loads(spec, root):
-                folder = root / f"point-{value:g}"
+                folder = root / point_name(value)
                 prepare_folder(folder)
                 _, verdict = _execute_point(
                     spec, folder, value, write_reports, stop, is_strict, shard, quality
                 )
                 if verdict is not None:
-                    verdicts.append(f"point-{value:g}: {verdict}")
+                    verdicts.append(f"{folder.name}: {verdict}")
         except (RunInterrupted, BackendFailure):
-            if any(root.glob(f"point-*/{RESULTS_FILE}")):
+            if any((p / RESULTS_FILE).is_file() for p in point_folders(root)):
                 with stop.saving(root, "the sweep's reports"):
                     (write_sweep_report or write_reports)(root)
             raise
@@ -121,11 +122,12 @@ def _sweep_loads(spec: RunSpec, root: Path) -> Iterator[float]:
     whole = spec.load.kind == "concurrency"
     while (value := capacity.next_load(search, met, whole)) is not None:
         yield value
-        summary = read_results(root / f"point-{value:g}").summary
+        summary = read_results(root / point_name(value)).summary
         met[value] = capacity.meets_slos(summary)
         share = summary.get("goodput_fraction")
         shown = "no measured request" if share is None else f"{share:.0%} of its requests"
-        say(f"search: point-{value:g} {'met' if met[value] else 'missed'} the SLOs ({shown})")
+        verdict = "met" if met[value] else "missed"
+        say(f"search: {point_name(value)} {verdict} the SLOs ({shown})")
 
 
 def _execute_point(
@@ -139,7 +141,7 @@ def _execute_point(
     quality: dict | None,
 ) -> tuple[Path, str | None]:
     """One point, in worker processes when the load asks for several (and this is no shard)."""
-    say(f"{'' if point is None else f'point-{point:g}: '}loading {_what_loads(spec)}")
+    say(f"{'' if point is None else f'{point_name(point)}: '}loading {_what_loads(spec)}")
     if spec.load.workers > 1 and shard is None:
         return run_workers.execute_point(
             spec, folder, point, write_reports, stop, is_strict, quality

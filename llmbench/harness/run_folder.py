@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llmbench.errors import UserError
+from llmbench.harness import sweep_folders
 
 # What `llmbench run` writes into a run folder (a sweep's and a variants run's root included):
 # a folder holding any of these holds a run. `--force` removes exactly these.
@@ -34,7 +35,7 @@ RUN_FILES = (
     "report.md",
     "ab.json",  # an A/B run's (`llmbench ab`), with its round-NN/ folders
 )
-RUN_FOLDERS = ("point-*", "variants", "shards", "figures", "export", "round-*")
+RUN_FOLDERS = (sweep_folders.GLOB, "variants", "shards", "figures", "export", "round-*")
 
 # The errors of a disk that has no room left: the message then says how much is free.
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)

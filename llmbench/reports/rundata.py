@@ -18,6 +18,7 @@ from llmbench.errors import UserError
 from llmbench.harness import expert_stats_file, record_log, results, telemetry, variant_index
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.results import RunResult
+from llmbench.harness.sweep_folders import point_folders
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,7 @@ def load(folder: Path) -> RunData:
 
 def sweep_points(folder: Path) -> list[RunData]:
     """The points of a sweep folder (`point-<value>/` subfolders), in sweep order."""
-    subfolders = [p for p in folder.glob("point-*") if (p / results.RESULTS_FILE).is_file()]
-    runs = [load(p) for p in subfolders]
-    return sorted(runs, key=lambda run: run.result.sweep_point or 0)
+    return [load(p) for p in point_folders(folder) if (p / results.RESULTS_FILE).is_file()]
 
 
 def runs_in(folder: Path) -> dict[str | None, RunData]:
@@ -83,8 +82,8 @@ def runs_in(folder: Path) -> dict[str | None, RunData]:
         runs: dict[str | None, RunData] = {}
         for entry in variant_index.read_index(folder).variants:
             sub = folder / entry.folder
-            ran = (sub / results.RESULTS_FILE).is_file()
-            if ran or any(sub.glob(f"point-*/{results.RESULTS_FILE}")):  # a run, or a sweep
+            # a run, or a sweep with a point done
+            if any((f / results.RESULTS_FILE).is_file() for f in (sub, *point_folders(sub))):
                 for where, run in runs_in(sub).items():
                     runs[entry.folder if where is None else f"{entry.folder}/{where}"] = run
         if not runs:
