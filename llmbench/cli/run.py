@@ -152,7 +152,7 @@ def run(
     reports = _no_reports if no_report else write_reports
     try:
         if variants:
-            _run_variants(spec, variants, out, strict, force, reports)
+            _run_variants(spec, variants, out, strict, force, reports, no_report)
             return
         if own_shard is None:
             sweep_report = lambda root: _sweep_report(root, spec, reports)  # noqa: E731
@@ -186,19 +186,26 @@ def _no_reports(root: Path) -> list[Path]:
 
 
 def _run_variants(
-    spec, variants, out: Path | None, strict: bool, force: bool, reports: Callable
+    spec,
+    variants,
+    out: Path | None,
+    strict: bool,
+    force: bool,
+    reports: Callable,
+    no_report: bool,
 ) -> None:
     """Run every variant, then print the comparison and, as the last line of stdout, the
     folder (also when a variant failed: `RunFailed` follows). The root folder is claimed as a
     plain run's is (refused when it holds a run, unless `force`). `reports` draws each
-    variant's reports; the page that sets them side by side is drawn with them."""
+    variant's reports; the page that sets them side by side is drawn with them, unless
+    `no_report`."""
     from llmbench.harness.run_folder import claim_folder, default_folder, removed_if_left_empty
     from llmbench.harness.run_variants import execute_variants
     from llmbench.reports import variant_tables
     from llmbench.reports.variants_page import write_variants_report
 
     def top_report(root: Path) -> None:
-        if reports is not _no_reports:
+        if not no_report:
             write_variants_report(root)
         click.echo(f"\n{variant_tables.terminal_table(variant_tables.load(root)[1])}")
         click.echo(root)
