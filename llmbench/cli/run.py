@@ -136,7 +136,6 @@ def run(
     from llmbench.harness.run import execute
     from llmbench.harness.run_signals import RunInterrupted
     from llmbench.harness.variants import load_variants
-    from llmbench.reports.render import write_reports
 
     if repeat is not None and repeat < 1:
         raise UserError(f"--repeat {repeat}: must be >= 1")
@@ -149,10 +148,10 @@ def run(
     own_shard = shards.from_options(shard, start_at, spec)
     if client_cpus is not None:
         client_load.pin(client_load.parse_cpu_list(client_cpus), client_cpus)
-    reports = _no_reports if no_report else write_reports
+    reports = _reports(no_report)
     try:
         if variants:
-            _run_variants(spec, variants, out, strict, force, reports, no_report)
+            _run_variants(spec, variants, out, strict, force, no_report)
             return
         if own_shard is None:
             sweep_report = lambda root: _sweep_report(root, spec, reports)  # noqa: E731
@@ -185,20 +184,20 @@ def _no_reports(root: Path) -> list[Path]:
     return []
 
 
+def _reports(no_report: bool) -> Callable:
+    """What draws a run folder's reports: `write_reports`, or nothing with `--no-report`."""
+    from llmbench.reports.render import write_reports
+
+    return _no_reports if no_report else write_reports
+
+
 def _run_variants(
-    spec,
-    variants,
-    out: Path | None,
-    strict: bool,
-    force: bool,
-    reports: Callable,
-    no_report: bool,
+    spec, variants, out: Path | None, strict: bool, force: bool, no_report: bool
 ) -> None:
     """Run every variant, then print the comparison and, as the last line of stdout, the
     folder (also when a variant failed: `RunFailed` follows). The root folder is claimed as a
-    plain run's is (refused when it holds a run, unless `force`). `reports` draws each
-    variant's reports; the page that sets them side by side is drawn with them, unless
-    `no_report`."""
+    plain run's is (refused when it holds a run, unless `force`). Each variant's reports
+    and the page that sets them side by side are drawn unless `no_report`."""
     from llmbench.harness.run_folder import claim_folder, default_folder, removed_if_left_empty
     from llmbench.harness.run_variants import execute_variants
     from llmbench.reports import variant_tables
@@ -213,7 +212,7 @@ def _run_variants(
     root = out or default_folder(spec.output_dir, spec.name)
     with removed_if_left_empty(root):
         claim_folder(root, force=force)
-        execute_variants(spec, variants, root, reports, top_report, is_strict=strict)
+        execute_variants(spec, variants, root, _reports(no_report), top_report, is_strict=strict)
 
 
 def _sweep_report(root: Path, spec, reports: Callable) -> None:
