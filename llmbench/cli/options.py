@@ -66,7 +66,8 @@ SPECULATIVE_HELP = (
     "speculative decoding: none, ngram[:K] (prompt lookup), or draft:MODEL[:K] with MODEL a "
     "model sharing the tokenizer, or the target made cheaper: self:layers=N (its first N "
     "layers), self:quantize=int8 (a quantised copy), or both (self:layers=N,quantize=int8); "
-    "K draft tokens a step (default 4; give it when MODEL ends in :digits)"
+    "K draft tokens a step (default 4; give it when MODEL ends in :digits); :adaptive last: "
+    "each step verifies only the drafts worth their measured cost"
 )
 
 
@@ -76,16 +77,17 @@ def speculative_line(engine) -> str | None:
     spec = engine.config.speculative
     if not spec.is_enabled:
         return None
+    k = f"k={spec.num_tokens}{' adaptive' if spec.adaptive else ''}"
     if spec.method == "ngram":
         n = f"n {spec.ngram_max} down to {spec.ngram_min}"
-        return f"speculative ngram ({n}), k={spec.num_tokens}"
+        return f"speculative ngram ({n}), {k}"
     draft = engine.proposer
     cache = (
         "in the target's kv cache"
         if draft.shares_target_cache
         else f"draft kv cache {draft.kv_cache.num_bytes / 2**20:.0f} MiB"
     )
-    return f"speculative draft {draft.description}, k={spec.num_tokens}, {cache}"
+    return f"speculative draft {draft.description}, {k}, {cache}"
 
 
 MOE_OFFLOAD_HELP = (

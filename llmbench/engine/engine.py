@@ -27,6 +27,7 @@ from llmbench.engine import huge_pages, spans
 from llmbench.engine.checkpoint import check_tensors
 from llmbench.engine.cuda_graphs import decode_graphs_for
 from llmbench.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from llmbench.engine.draft_budget import DraftBudget
 from llmbench.engine.expert_stats import ExpertStats
 from llmbench.engine.huge_pages import PageReport, move_to_huge_pages
 from llmbench.engine.kv_cache import BlockManager, blocks_for, blocks_in_budget
@@ -217,6 +218,12 @@ class LLMEngine:
         )
         # The draft model's shape, for the cost model (None: no draft model runs).
         self.draft_model_config = getattr(self.proposer, "model_config", None)
+        # Speculation's adaptive draft length (None: every proposed draft is verified).
+        self.draft_budget = (
+            DraftBudget()
+            if proposer is None and self.proposer is not None and config.speculative.adaptive
+            else None
+        )
         self.step_records: collections.deque[StepRecord] = collections.deque(
             maxlen=STEP_RECORD_WINDOW
         )
@@ -374,7 +381,7 @@ class LLMEngine:
         t_start = time.perf_counter_ns()
         if self.moe_offload is not None:
             self.moe_offload.take_step()  # what `score` fetched between steps is no step's
-        drafted = self._propose()
+        drafted, num_withheld = self._propose()
         draft_ns = time.perf_counter_ns() - t_start if self.proposer is not None else 0
         with span(spans.SCHEDULE):
             plan = self.scheduler.schedule()
@@ -431,7 +438,13 @@ class LLMEngine:
                     num_accepted += len(tokens) - 1
                     seq.num_proposed_tokens += num_drafts
                     seq.num_accepted_tokens += len(tokens) - 1
+                    if self.draft_budget is not None:
+                        self.draft_budget.observe_verify(seq, num_drafts, len(tokens) - 1)
                 outputs.append(self._append_tokens(seq, tokens, t_end))
+            if self.draft_budget is not None and num_prefill_tokens == 0:
+                self.draft_budget.observe_step(
+                    len(plan.scheduled), num_proposed, (t_end - t_start) / 1e9
+                )
             for seq in drafted:
                 seq.spec_token_ids, seq.spec_probs = [], None
                 # Slots of rejected (or never verified) drafts lie past the computed count already;
@@ -452,6 +465,7 @@ class LLMEngine:
                 num_proposed_tokens=num_proposed,
                 num_accepted_tokens=num_accepted,
                 num_verify_seqs=num_verify_seqs,
+                num_withheld_tokens=num_withheld,
                 draft_ns=draft_ns,
                 draft_passes=self.proposer.draft_passes if drafted else (),
                 experts_touched=tuple(r.num_experts_touched for r in routing),
@@ -464,15 +478,20 @@ class LLMEngine:
             self.on_step(record)
         return outputs
 
-    def _propose(self) -> list[Sequence]:
-        """Draft tokens for every running sequence with one token left (speculation on);
-        returns those sequences."""
+    def _propose(self) -> tuple[list[Sequence], int]:
+        """Draft tokens for every running sequence with one token left (speculation on), cut
+        to what the draft budget keeps in a step of decodes only; returns those sequences and
+        the drafts withheld."""
         if self.proposer is None:
-            return []
+            return [], 0
         running = self.scheduler.running
         seqs = [s for s in running if s.num_tokens - s.num_computed_tokens == 1]
         self.proposer.propose(seqs, running)
-        return seqs
+        # Beside a prompt's chunk (one waiting, or one mid-prompt) every draft runs.
+        decode_only = not self.scheduler.waiting and len(seqs) == len(running)
+        budget = self.draft_budget
+        withheld = budget.trim(seqs) if budget is not None and decode_only else 0
+        return seqs, withheld
 
     def _append_tokens(self, seq: Sequence, tokens: list[int], t_ns: int) -> RequestOutput:
         """Append a step's new tokens in order, checking stops after each: none past a stop is

@@ -34,6 +34,7 @@ class StepRecord:
     num_proposed_tokens: int = 0  # draft tokens verified this step
     num_accepted_tokens: int = 0  # of those, accepted by the target
     num_verify_seqs: int = 0  # sequences that verified drafts this step
+    num_withheld_tokens: int = 0  # proposed drafts the adaptive budget kept out of this step
     draft_ns: int = 0  # time spent proposing, at the start of the step (inside t_start..t_end)
     # The draft model's forward passes this step: per pass, (context_len, query_len) of each
     # sequence in it (n-gram drafting runs no model: empty).

@@ -37,6 +37,7 @@ class Sequence:
     spec_probs: torch.Tensor | None = None
     num_proposed_tokens: int = 0  # draft tokens verified over the request's life
     num_accepted_tokens: int = 0  # of those, accepted by the target
+    num_draft_rejections: int = 0  # verifies that rejected a draft (`draft_budget`)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -24,7 +24,10 @@ if TYPE_CHECKING:  # the engine's types, for hints only (this module stays torch
 
 METHODS = ("none", "ngram", "draft")
 # The one syntax `--speculative` takes, said in every error about it.
-SYNTAX = "none | ngram[:K] | draft:MODEL[:K]  (e.g. ngram:4, draft:self:quantize=int8:3)"
+SYNTAX = (
+    "none | ngram[:K][:adaptive] | draft:MODEL[:K][:adaptive]  "
+    "(e.g. ngram:4, ngram:8:adaptive, draft:self:quantize=int8:3)"
+)
 
 
 @dataclass(frozen=True)
@@ -33,13 +36,15 @@ class SpeculativeConfig:
     recent n-gram, n from `ngram_max` down to `ngram_min`), or `draft` (a smaller model with the
     target's tokenizer, `draft_model`: any model name, or the target made cheaper,
     `self:layers=N` (its first N layers), `self:quantize=SCHEME` (a quantised copy) or both,
-    comma-separated). `num_tokens` is k, the most draft tokens verified per sequence and step."""
+    comma-separated). `num_tokens` is k, the most draft tokens verified per sequence and step;
+    `adaptive`: each step verifies only the drafts worth their cost (`draft_budget`)."""
 
     method: str = "none"
     num_tokens: int = 4
     ngram_min: int = 2
     ngram_max: int = 4
     draft_model: str | None = None
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -57,6 +62,8 @@ class SpeculativeConfig:
                 f"speculative: need 1 <= ngram_min <= ngram_max, got {self.ngram_min!r} and "
                 f"{self.ngram_max!r}"
             )
+        if not isinstance(self.adaptive, bool):
+            raise UserError(f"speculative: adaptive must be true or false, got {self.adaptive!r}")
         if self.method == "draft" and not self.draft_model:
             raise UserError("speculative: method draft needs a draft_model (e.g. self:layers=8)")
 
@@ -70,14 +77,17 @@ def _is_int(value: object) -> bool:
 
 
 def parse_speculative(text: str) -> SpeculativeConfig:
-    """`--speculative` as typed: `none`, `ngram`, `ngram:4`, `draft:MODEL`, `draft:MODEL:4`.
+    """`--speculative` as typed: `none`, `ngram`, `ngram:4`, `draft:MODEL`, `draft:MODEL:4`,
+    any but `none` with `:adaptive` last (`ngram:8:adaptive`).
 
     MODEL may itself hold colons (`synthetic:tiny`, `self:layers=8`); a trailing `:K` of digits
     is k. Anything else is a `UserError` that shows the syntax.
     """
-    text = text.strip()
+    text = typed = text.strip()
     if text == "none":
         return SpeculativeConfig()
+    adaptive = text.endswith(":adaptive")
+    text = text.removesuffix(":adaptive")
     # MODEL may end in digits of its own (self:quantize=int4:64): then K must be given too.
     method, _, rest = text.partition(":")
     head, sep, tail = rest.rpartition(":")
@@ -87,10 +97,10 @@ def parse_speculative(text: str) -> SpeculativeConfig:
     elif rest.isdigit():
         rest, k = "", int(rest)
     if method == "ngram" and not rest:
-        return SpeculativeConfig(method="ngram", num_tokens=k)
+        return SpeculativeConfig(method="ngram", num_tokens=k, adaptive=adaptive)
     if method == "draft" and rest:
-        return SpeculativeConfig(method="draft", num_tokens=k, draft_model=rest)
-    raise UserError(f"--speculative {text}: expected {SYNTAX}")
+        return SpeculativeConfig(method="draft", num_tokens=k, draft_model=rest, adaptive=adaptive)
+    raise UserError(f"--speculative {typed}: expected {SYNTAX}")
 
 
 class Proposer(Protocol):

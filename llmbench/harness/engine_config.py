@@ -68,6 +68,7 @@ def engine_config(
             ngram_min=s.ngram_min,
             ngram_max=s.ngram_max,
             draft_model=s.draft_model,
+            adaptive=s.adaptive,
         ),
         moe_offload=None if offload is None else moe_offload_config(offload, device),
         huge_pages=engine.huge_pages,
@@ -148,7 +149,7 @@ def engine_spec_of_flags(
         threads=threads,
         kv_cache_dtype=KVCacheDtypeSpec(kv.k, kv.v),
         speculative=SpeculativeSpec(
-            s.method, s.num_tokens, s.ngram_min, s.ngram_max, s.draft_model
+            s.method, s.num_tokens, s.ngram_min, s.ngram_max, s.draft_model, s.adaptive
         ),
         quantize=quantize,
         moe_offload=moe_offload,

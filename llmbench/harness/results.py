@@ -1,8 +1,8 @@
 """results.json: a run's typed, versioned result (`RunResult`), written and read here only.
 
 `write_results` writes the file atomically, `read_results` reads it back and checks its
-`schema_version`: the current version (8) is read strictly (a missing or unexpected key is an
-error naming it), versions 7, 6, 5 and 4 read as it (the keys they lack have defaults: null, or
+`schema_version`: the current version (9) is read strictly (a missing or unexpected key is an
+error naming it), versions 8, 7, 6, 5 and 4 read as it (the keys they lack have defaults: null, or
 what an older run did), versions 3, 2 and 1 are migrated (`_migrate_v3`, ...: the keys a later
 version added get the values an older run had), anything else is refused in one line that names
 the file, the version found and the versions this llmbench reads. What each version holds is
@@ -31,8 +31,8 @@ from llmbench.harness.shards import ClockAnchor
 from llmbench.harness.spread import spread
 from llmbench.harness.yaml_source import SpecError
 
-SCHEMA_VERSION = 8
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)  # 1 to 3 are migrated on read; 4 to 7 read as 8
+SCHEMA_VERSION = 9
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)  # 1 to 3 are migrated on read; 4 to 8 read as 9
 RESULTS_FILE = "results.json"
 
 
@@ -316,8 +316,10 @@ def read_results(path: Path) -> RunResult:
         data = _migrate_v3(data)
     # 4: `Probe.allocation_best_per_s` reads as null; 4 and 5: a client process's start and
     # clock fields read as null (not known); 4 to 6: `Device.weights_on_huge_pages` as null;
-    # 7: as 8 (8 added `spec.load.search`, which a version-7 spec lacks: no search).
-    elif version not in (4, 5, 6, 7, SCHEMA_VERSION):
+    # 7: as 8 (8 added `spec.load.search`, which a version-7 spec lacks: no search); 8: as 9
+    # (9 added `spec.engine.speculative.adaptive`, which a version-8 spec lacks: every draft
+    # verified, and the step key `num_withheld_tokens`: read as 0).
+    elif version not in (4, 5, 6, 7, 8, SCHEMA_VERSION):
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)
         found = "none" if version is None else repr(version)
         newer = isinstance(version, int) and version > SCHEMA_VERSION

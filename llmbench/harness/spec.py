@@ -10,6 +10,7 @@ with the file, key path and line; `--set key.path=value` overrides) is `spec_loa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -135,13 +136,15 @@ class SpeculativeSpec:
     followed the longest recent n-gram, n from `ngram_max` down to `ngram_min`), or `draft` (a
     draft model with the target's tokenizer: a model name, or the target made cheaper:
     `self:layers=N`, its own first N layers, `self:quantize=SCHEME`, a quantised copy, or
-    both, `self:layers=N,quantize=SCHEME`)."""
+    both, `self:layers=N,quantize=SCHEME`). `adaptive`: each step verifies only the drafts
+    worth their measured cost (`engine.draft_budget`)."""
 
     method: Literal["none", "ngram", "draft"] = "none"
-    num_tokens: int = 4  # k: draft tokens verified per sequence and step
+    num_tokens: int = 4  # k: draft tokens verified per sequence and step (adaptive: at most)
     ngram_min: int = 2
     ngram_max: int = 4
     draft_model: str | None = None
+    adaptive: bool = False
 
 
 @dataclass(frozen=True)
@@ -337,9 +340,10 @@ NOT_THE_BENCHMARK = (
     "backend.server_log",
 )
 
-# Spec keys added after runs were recorded without them, hashed only when set: a spec that does
-# not use them hashes as it did, so runs from before them still compare.
-HASHED_WHEN_SET = ("load.search",)
+# Spec keys added after runs were recorded without them, each with the value that does what
+# runs before it did: hashed only when they hold another, so a spec that does not use them
+# hashes as it did, and runs from before them still compare.
+HASHED_WHEN_SET = {"load.search": None, "engine.speculative.adaptive": False}
 
 
 @dataclass(frozen=True)
@@ -385,10 +389,10 @@ class RunSpec:
         for key in NOT_THE_BENCHMARK:
             section, _, name = key.rpartition(".")
             (fields[section] if section else fields).pop(name, None)
-        for key in HASHED_WHEN_SET:
-            section, _, name = key.rpartition(".")
-            holder = fields[section] if section else fields
-            if holder.get(name) is None:
+        for key, unset in HASHED_WHEN_SET.items():
+            *sections, name = key.split(".")
+            holder = functools.reduce(lambda d, section: d[section], sections, fields)
+            if holder.get(name) == unset:
                 holder.pop(name, None)
         text = json.dumps(fields, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

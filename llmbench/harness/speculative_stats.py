@@ -21,7 +21,8 @@ def speculative_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any] | No
              verifies (the accepted drafts plus the token the target adds);
              draft_s = Σ draft_ns; verify_s = Σ (t_end − t_start − draft_ns) over the steps
              that verified drafts; draft_fraction = draft_s / Σ step time; the verify step's
-             cost against a decode step's: `verify_cost`.
+             cost against a decode step's: `verify_cost`; num_withheld_tokens = Σ the drafts
+             the adaptive budget kept out of the steps (`engine.draft_budget`).
     """
     drafting = [p for p in points if p.get("draft_ns", 0) or p.get("num_proposed_tokens", 0)]
     if not drafting:
@@ -39,6 +40,7 @@ def speculative_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any] | No
     return {
         "num_proposed_tokens": proposed,
         "num_accepted_tokens": accepted,
+        "num_withheld_tokens": sum(p.get("num_withheld_tokens", 0) for p in drafting),
         "acceptance_rate": accepted / proposed if proposed else None,
         "num_verifies": verifies,
         "mean_accepted_per_verify": accepted / verifies if verifies else None,
@@ -88,9 +90,11 @@ def format_speculative(block: dict[str, Any]) -> str:
     rate, per_verify = block["acceptance_rate"], block["mean_tokens_per_verify"]
     cost = block.get("verify_over_decode")
     costs = "" if cost is None else f"; a verify step costs {cost:.2f}x a decode step"
+    withheld = block.get("num_withheld_tokens", 0)
+    kept_out = f" ({withheld} more withheld as not worth their cost)" if withheld else ""
     return (
         f"speculative: {block['num_accepted_tokens']} of {block['num_proposed_tokens']} draft "
-        f"tokens accepted ({'-' if rate is None else f'{rate:.0%}'}), "
+        f"tokens accepted ({'-' if rate is None else f'{rate:.0%}'}){kept_out}, "
         f"{'-' if per_verify is None else f'{per_verify:.2f}'} tokens per verify; "
         f"drafting {block['draft_s']:.2f} s, verifying {block['verify_s']:.2f} s{costs}"
     )

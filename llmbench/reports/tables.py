@@ -535,12 +535,15 @@ def speculative_rows(run: RunData) -> list[tuple[str, str]]:
         method += f" (n {spec.get('ngram_max')} down to {spec.get('ngram_min')})"
     elif method == "draft":
         method += f" ({spec.get('draft_model')})"
+    adaptive = ", fewer where not worth their cost (adaptive)" if spec.get("adaptive") else ""
+    withheld = block.get("num_withheld_tokens", 0)
     rows = [
-        ("method", f"{method}, k={spec.get('num_tokens', '?')} draft tokens a step"),
+        ("method", f"{method}, k={spec.get('num_tokens', '?')} draft tokens a step{adaptive}"),
         (
             "draft tokens accepted",
             f"{block['num_accepted_tokens']:,} of {block['num_proposed_tokens']:,} "
-            f"({percent(block.get('acceptance_rate'))})",
+            f"({percent(block.get('acceptance_rate'))})"
+            + (f"; {withheld:,} more withheld as not worth their cost" if withheld else ""),
         ),
         (
             "per verify",

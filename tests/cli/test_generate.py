@@ -122,7 +122,11 @@ def test_speculative_generate_prints_the_same_text_and_its_acceptance(
 @pytest.mark.parametrize(
     ("speculative", "message"),
     [
-        ("eagle:3", "--speculative eagle:3: expected none | ngram[:K] | draft:MODEL[:K]"),
+        (
+            "eagle:3",
+            "--speculative eagle:3: expected none | ngram[:K][:adaptive] | "
+            "draft:MODEL[:K][:adaptive]",
+        ),
         ("draft:synthetic:tiny", "its vocabulary has 512 tokens, the target's 300"),
         ("draft:self:layers=9", "expected self:layers=N (1 <= N <= 2, the target's layers)"),
     ],

@@ -185,7 +185,7 @@ def test_report_refuses_an_unknown_schema_version_in_one_line(tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip() == (
             f"error: {path}: results schema_version 99; this llmbench reads 1, 2, 3, 4, 5, 6, 7, "
-            "8: upgrade llmbench to read it"
+            "8, 9: upgrade llmbench to read it"
         )
 
 

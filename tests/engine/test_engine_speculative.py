@@ -4,6 +4,7 @@ plain sampling, and a cache left consistent by rejected drafts."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -170,6 +171,32 @@ def test_request_outputs_count_each_requests_drafts(tiny_folder):
     for out, record in list(zip(outputs, records, strict=True))[1:]:
         assert record.query_lens == (1 + record.num_proposed_tokens,)
         assert len(out.new_token_ids) == 1 + record.num_accepted_tokens
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft-other"])
+def test_an_adaptive_budget_withholds_costly_drafts_in_decode_steps_only(
+    tiny_folder, draft_folder, method
+):
+    """A budget taught that a draft row costs 1 s beside a 1 ms decode step keeps no draft in a
+    step of decodes only (but every EXPLORE_EVERY-th), and every draft beside a prompt's
+    chunk; greedy replies are still plain decoding's, sampled ones run (the drafts'
+    probabilities cut with them)."""
+    batch = prompts(6)
+    plain = run_staggered(make_engine(tiny_folder), batch, GREEDY, arrive_every=3)
+    spec = dataclasses.replace(methods(draft_folder)[method], adaptive=True)
+    engine = make_engine(tiny_folder, spec)
+    for num_seqs in range(1, 7):
+        engine.draft_budget.observe_step(num_seqs, 0, 0.001)
+        engine.draft_budget.observe_step(num_seqs, 1, 1.0)
+    assert run_staggered(engine, batch, GREEDY, arrive_every=3) == plain
+    records = list(engine.step_records)
+    withheld = [r for r in records if r.num_withheld_tokens]
+    assert withheld and all(r.num_proposed_tokens == r.num_prefill_tokens == 0 for r in withheld)
+    assert any(r.num_verify_seqs and r.num_prefill_tokens for r in records), "no mixed step"
+    assert any(r.num_verify_seqs and not r.num_prefill_tokens for r in records), "no relearning"
+    sampled = SamplingParams(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True)
+    engine.generate(batch, sampled)
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
 def two_sample_chi_square(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:

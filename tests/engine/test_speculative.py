@@ -35,15 +35,27 @@ from llmbench.errors import UserError
             SpeculativeConfig(method="draft", num_tokens=2, draft_model="synthetic:tiny"),
         ),
         ("draft:/models/x.gguf", SpeculativeConfig(method="draft", draft_model="/models/x.gguf")),
+        ("ngram:adaptive", SpeculativeConfig(method="ngram", adaptive=True)),
+        ("ngram:8:adaptive", SpeculativeConfig(method="ngram", num_tokens=8, adaptive=True)),
+        (
+            "draft:self:layers=8:3:adaptive",
+            SpeculativeConfig(
+                method="draft", num_tokens=3, draft_model="self:layers=8", adaptive=True
+            ),
+        ),
     ],
 )
 def test_parse_speculative(text, expected):
     assert parse_speculative(text) == expected
 
 
-@pytest.mark.parametrize("text", ["draft", "draft:4", "ngram:x", "ngram:self:4", "eagle:4", ""])
+@pytest.mark.parametrize(
+    "text",
+    ["draft", "draft:4", "ngram:x", "ngram:self:4", "eagle:4", "", "ngram:adaptive:4", "adaptive"],
+)
 def test_parse_speculative_refuses_with_the_syntax(text):
-    with pytest.raises(UserError, match=r"none \| ngram\[:K\] \| draft:MODEL\[:K\]"):
+    syntax = r"none \| ngram\[:K\]\[:adaptive\] \| draft:MODEL\[:K\]\[:adaptive\]"
+    with pytest.raises(UserError, match=syntax):
         parse_speculative(text)
 
 
@@ -55,6 +67,7 @@ def test_parse_speculative_refuses_with_the_syntax(text):
         ({"ngram_min": 3, "ngram_max": 2}, "need 1 <= ngram_min <= ngram_max"),
         ({"ngram_min": 0}, "need 1 <= ngram_min <= ngram_max"),
         ({"method": "draft"}, "method draft needs a draft_model"),
+        ({"method": "ngram", "adaptive": "yes"}, "adaptive must be true or false, got 'yes'"),
     ],
 )
 def test_config_refuses_impossible_settings(kwargs, message):

@@ -91,7 +91,7 @@ def test_round_trip_write_read_equal(tmp_path):
     result = a_result()
     path = results.write_results(tmp_path, result)
     assert path == tmp_path / "results.json"
-    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 8
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 9
     assert results.read_results(tmp_path) == result
     assert results.read_results(path) == result  # the file or its folder
     assert not (tmp_path / "results.json.tmp").exists()  # written atomically
@@ -117,7 +117,7 @@ def _write(tmp_path, data) -> None:
 @pytest.mark.parametrize(
     "version, found, hint",
     [
-        (9, "9", "upgrade llmbench to read it"),
+        (10, "10", "upgrade llmbench to read it"),
         (99, "99", "upgrade llmbench to read it"),
         (0, "0", "is it an llmbench results file?"),
         ("2", "'2'", "is it an llmbench results file?"),
@@ -135,7 +135,7 @@ def test_an_unknown_schema_version_is_refused_in_one_line(tmp_path, version, fou
         results.read_results(tmp_path)
     path = tmp_path / "results.json"
     assert str(error.value) == (
-        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5, 6, 7, 8: "
+        f"{path}: results schema_version {found}; this llmbench reads 1, 2, 3, 4, 5, 6, 7, 8, 9: "
         f"{hint}"
     )
 
@@ -189,7 +189,7 @@ def test_version_2_is_migrated_as_one_repetition(tmp_path):
     assert migrated.provenance == whole.provenance and migrated.roofline == whole.roofline
     # Written back, it is a version-3 file that reads the same.
     results.write_results(tmp_path, migrated)
-    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 8
+    assert json.loads((tmp_path / "results.json").read_text())["schema_version"] == 9
     assert results.read_results(tmp_path) == migrated
 
 
@@ -376,3 +376,21 @@ def test_a_version_7_file_reads_as_8_its_spec_without_a_load_search(tmp_path):
     read = results.read_results(tmp_path)
     assert read.spec == data["spec"]
     assert spec_from_dict(dict(read.spec), "v7").load.search is None
+
+
+def test_a_version_8_file_reads_as_9_its_spec_verifying_every_draft(tmp_path):
+    """Version 9 added `spec.engine.speculative.adaptive`; a version-8 spec lacks it (every
+    draft was verified) and the file reads as it is, its spec as one that is not adaptive."""
+    from llmbench.harness.spec import RunSpec
+    from llmbench.harness.spec_load import spec_from_dict
+
+    result = dataclasses.replace(a_result(), spec=RunSpec().to_dict())
+    results.write_results(tmp_path, result)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["spec"]["engine"]["speculative"]["adaptive"] is False
+    data["schema_version"] = 8
+    del data["spec"]["engine"]["speculative"]["adaptive"]
+    _write(tmp_path, data)
+    read = results.read_results(tmp_path)
+    assert read.spec == data["spec"]
+    assert spec_from_dict(dict(read.spec), "v8").engine.speculative.adaptive is False

@@ -73,7 +73,7 @@ def test_run_shipped_workload_writes_a_complete_folder(tmp_path, workload):
     assert result.stdout.strip().splitlines()[-1] == str(out)  # the folder is the last line
     assert "ttft_ms" in result.stdout and "prefix-cache hit rate" in result.stdout
     results = json.loads((out / "results.json").read_text())
-    assert results["schema_version"] == 8
+    assert results["schema_version"] == 9
     assert results["interrupted"] is False and results["stop_reason"] is None
     assert not (out / "run-start.json").exists()  # results.json holds all it had
     summary = results["summary"]

@@ -37,7 +37,7 @@ def test_every_file_has_its_three_repetitions(three):
     requests = read_requests(out)
     steps, sessions = read_steps(out), read_sessions(out)
     results = json.loads((out / "results.json").read_text())
-    assert results["schema_version"] == 8 and results["spec"]["repeat"] == 3
+    assert results["schema_version"] == 9 and results["spec"]["repeat"] == 3
     warm = [r for r in requests if r.is_warmup]
     assert len(warm) == 1 and warm[0].repetition == 0
     for k in (1, 2, 3):

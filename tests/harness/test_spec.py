@@ -3,6 +3,8 @@ and each kind taking only its own keys (reading a YAML and `--set`: test_spec_lo
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from llmbench.errors import UserError
 from llmbench.harness import metrics
 from llmbench.harness.records import RequestRecord
 from llmbench.harness.spec import (
+    NOT_THE_BENCHMARK,
     AgenticWorkload,
     ChatWorkload,
     ConcurrencyLoad,
@@ -63,6 +66,20 @@ def test_spec_hash_is_stable_and_sensitive(tmp_path):
     path = write(tmp_path, "name: t\n")
     assert load_spec(path).hash() == load_spec(path).hash()
     assert load_spec(path).hash() != load_spec(path, ["seed=1"]).hash()
+
+
+def test_keys_added_later_are_hashed_only_off_their_old_behaviour(tmp_path):
+    """`load.search` (version 8) and `engine.speculative.adaptive` (version 9) at null and
+    false hash as a spec from before them did: its canonical JSON without them."""
+    path = write(tmp_path, "name: t\n")
+    data = load_spec(path).to_dict()
+    for key in NOT_THE_BENCHMARK:
+        section, _, name = key.rpartition(".")
+        (data[section] if section else data).pop(name, None)
+    del data["load"]["search"], data["engine"]["speculative"]["adaptive"]
+    before = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    assert load_spec(path).hash() == before
+    assert load_spec(path, ["engine.speculative.adaptive=true"]).hash() != before
 
 
 def test_the_system_under_test_is_not_the_benchmark(tmp_path):

@@ -41,6 +41,21 @@ def test_speculative_summary_by_hand():
         "speculative: 7 of 12 draft tokens accepted (58%), 3.33 tokens per verify; "
         "drafting 0.02 s, verifying 0.06 s"
     )
+    assert s["num_withheld_tokens"] == 0
+
+
+def test_the_drafts_an_adaptive_budget_withheld_are_counted_and_said():
+    points = [
+        point(40_000_000, proposed=2, accepted=2, verifies=1, draft_ns=1, num_withheld_tokens=6),
+        point(30_000_000, draft_ns=1, num_withheld_tokens=8),  # every draft withheld
+        point(50_000_000, num_withheld_tokens=0),
+    ]
+    s = speculative_summary(points)
+    assert (s["num_proposed_tokens"], s["num_withheld_tokens"]) == (2, 14)
+    assert format_speculative(s).startswith(
+        "speculative: 2 of 2 draft tokens accepted (100%) (14 more withheld as not worth their "
+        "cost), 3.00 tokens per verify;"
+    )
 
 
 def test_no_drafting_means_no_speculative_block():

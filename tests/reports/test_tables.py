@@ -224,5 +224,20 @@ def test_speculative_rows_by_hand():
     rows = tables.speculative_rows(_results_run(results))
     assert rows[0] == ("method", "ngram (n 4 down to 2), k=3 draft tokens a step")
     assert len(rows) == 4  # no draft model: no draft cost row
+    # The adaptive budget: k a most, and the drafts it withheld beside those verified.
+    results["spec"]["engine"]["speculative"] = {**ngram, "adaptive": True}
+    results["summary"]["speculative"]["num_withheld_tokens"] = 2345
+    rows = tables.speculative_rows(_results_run(results))
+    assert rows[:2] == [
+        (
+            "method",
+            "ngram (n 4 down to 2), k=3 draft tokens a step, fewer where not worth their cost "
+            "(adaptive)",
+        ),
+        (
+            "draft tokens accepted",
+            "900 of 1,200 (75.0%); 2,345 more withheld as not worth their cost",
+        ),
+    ]
     # Speculation off: `summary.speculative` is null, and no section.
     assert tables.speculative_rows(_results_run({"summary": {"speculative": None}})) == []
