@@ -346,6 +346,13 @@ NOT_THE_BENCHMARK = (
 HASHED_WHEN_SET = {"load.search": None, "engine.speculative.adaptive": False}
 
 
+def _holder(fields: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
+    """The mapping of `fields` that holds the dotted `key` ("engine.speculative.adaptive"),
+    and the key's last name in it."""
+    *sections, name = key.split(".")
+    return functools.reduce(lambda d, section: d[section], sections, fields), name
+
+
 @dataclass(frozen=True)
 class RunSpec:
     name: str = "run"
@@ -387,11 +394,10 @@ class RunSpec:
         the same hash measured the same thing, so `compare` compares them."""
         fields = self.to_dict()
         for key in NOT_THE_BENCHMARK:
-            section, _, name = key.rpartition(".")
-            (fields[section] if section else fields).pop(name, None)
+            holder, name = _holder(fields, key)
+            holder.pop(name, None)
         for key, unset in HASHED_WHEN_SET.items():
-            *sections, name = key.split(".")
-            holder = functools.reduce(lambda d, section: d[section], sections, fields)
+            holder, name = _holder(fields, key)
             if holder.get(name) == unset:
                 holder.pop(name, None)
         text = json.dumps(fields, sort_keys=True, default=list)
