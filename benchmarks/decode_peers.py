@@ -24,7 +24,9 @@ read bandwidth. "x HF" = tok/s / `transformers` tok/s in the row's precision (fl
 bfloat16). "agree" = leading greedy tokens equal to llmbench float32's (`transformers` and
 CTranslate2 suppress end-of-sequence where the others decode past it: an EOS parts them). Each
 peer says what its build uses of the CPU (`peer build:` llama.cpp's system info, CTranslate2's
-version and compute types) above the table; then the targets the engine is held to. The load
+version and compute types) above the table, and a line more where llama.cpp's build lacks an
+instruction set it would use at its best on this CPU (`llama_cpp_build.py`); then the targets
+the engine is held to. The load
 average before and after is printed: on this 2-core machine a busy neighbour halves every
 number, so compare rows of one sitting only.
 """
@@ -38,6 +40,7 @@ import subprocess
 import time
 
 import gguf_dequantize
+import llama_cpp_build
 import peer_table
 import torch
 from peer_engines import Generation, LlmbenchRow, PeerRow, TransformersRow, ensure_ct2_model
@@ -45,6 +48,7 @@ from peer_engines import Generation, LlmbenchRow, PeerRow, TransformersRow, ensu
 from llmbench.engine import model_store
 from llmbench.engine.config import ModelConfig
 from llmbench.engine.weights import open_weights
+from llmbench.kernels.cpu_info import this_cpu_flags
 
 Row = LlmbenchRow | TransformersRow | PeerRow
 
@@ -221,6 +225,13 @@ def main() -> None:
     builds = {getattr(row, "build", None) for row in rows.values()} - {None}
     for build in sorted(builds):
         print(f"peer build: {build}")
+        if build.startswith("CPU :"):  # llama.cpp's system info
+            missing = llama_cpp_build.missing_from_build(build, this_cpu_flags())
+            if missing:
+                print(
+                    f"peer build: llama.cpp is not at its best for this CPU: built without "
+                    f"{', '.join(missing)}; `python benchmarks/llama_cpp_build.py` builds it so"
+                )
     print("\n".join(peer_table.table_lines(results, read)))
     print("\ntargets, this sitting:")
     print("\n".join(peer_table.target_lines(results, read)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -55,6 +56,25 @@ def cmake_args(flags: frozenset[str]) -> list[str]:
     amx = "ON" if has_amx(flags) else "OFF"
     args += [f"-DGGML_AMX_TILE={amx}", f"-DGGML_AMX_INT8={amx}", f"-DGGML_AMX_BF16={amx}"]
     return args
+
+
+# The name llama.cpp's system info (`AVX512 = 1 | AMX_INT8 = 1 | ...`) gives what an option of
+# `cmake_args` turns on.
+SYSTEM_INFO_NAMES = {
+    "-DGGML_AVX512=ON": "AVX512",
+    "-DGGML_AVX512_VNNI=ON": "AVX512_VNNI",
+    "-DGGML_AVX512_BF16=ON": "AVX512_BF16",
+    "-DGGML_AMX_INT8=ON": "AMX_INT8",
+}
+
+
+def missing_from_build(system_info: str, flags: frozenset[str]) -> list[str]:
+    """What llama.cpp at its best for a CPU with `flags` uses and the build that printed
+    `system_info` does not (its names, `AVX2`, `AMX_INT8`, ...): empty for a build at its best."""
+    on = {name for name, value in re.findall(r"(\w+) = (\d+)", system_info) if value == "1"}
+    wanted = ["AVX2"] if "avx2" in flags else []
+    wanted += [SYSTEM_INFO_NAMES[a] for a in cmake_args(flags) if a in SYSTEM_INFO_NAMES]
+    return [name for name in wanted if name not in on]
 
 
 def build(python: str, flags: frozenset[str]) -> None:

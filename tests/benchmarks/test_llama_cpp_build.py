@@ -3,12 +3,18 @@ seen here, from their /proc/cpuinfo flags."""
 
 from __future__ import annotations
 
-from benchmarks.llama_cpp_build import PATCH, cmake_args, has_amx
+from benchmarks.llama_cpp_build import PATCH, cmake_args, has_amx, missing_from_build
 
 AVX2 = frozenset({"avx", "avx2", "fma", "f16c", "bmi2"})
 # The AMD EPYC with AVX-512 BF16/VNNI and no AMX; the Intel Xeon with AMX.
 AVX512_EPYC = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
 AMX_XEON = AVX512_EPYC | {"amx_tile", "amx_int8", "amx_bf16", "avx512_fp16"}
+
+# llama.cpp 0.3.36's system info, as its builds printed it here (2026-11-29).
+AVX2_BUILD = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+AVX512_BUILD = AVX2_BUILD + "AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
+AMX_BUILD = AVX512_BUILD + "AMX_INT8 = 1 | "
+REST = "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |"
 
 
 def test_an_amx_cpu_gets_avx512_and_the_amx_path():
@@ -64,3 +70,25 @@ def test_the_patch_touches_only_the_tile_configuration():
         "b/vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp",
     ]
     assert "static const tile_config_t tc" in text
+
+
+def test_a_build_at_its_best_misses_nothing():
+    assert missing_from_build(AMX_BUILD + REST, AMX_XEON) == []
+    assert missing_from_build(AVX512_BUILD + REST, AVX512_EPYC) == []
+    assert missing_from_build(AVX2_BUILD + REST, AVX2) == []
+
+
+def test_the_build_without_amx_on_an_amx_cpu_misses_amx_int8():
+    assert missing_from_build(AVX512_BUILD + REST, AMX_XEON) == ["AMX_INT8"]
+
+
+def test_a_generic_build_on_an_avx512_cpu_misses_each_avx512_part():
+    assert missing_from_build(AVX2_BUILD + REST, AVX512_EPYC) == [
+        "AVX512",
+        "AVX512_VNNI",
+        "AVX512_BF16",
+    ]
+
+
+def test_a_feature_the_build_prints_as_0_is_missing():
+    assert missing_from_build(AVX2_BUILD.replace("AVX2 = 1", "AVX2 = 0") + REST, AVX2) == ["AVX2"]
