@@ -26,9 +26,8 @@ CTranslate2 suppress end-of-sequence where the others decode past it: an EOS par
 peer says what its build uses of the CPU (`peer build:` llama.cpp's system info, CTranslate2's
 version and compute types) above the table, and a line more where llama.cpp's build lacks an
 instruction set it would use at its best on this CPU (`llama_cpp_build.py`); then the targets
-the engine is held to. The load
-average before and after is printed: on this 2-core machine a busy neighbour halves every
-number, so compare rows of one sitting only.
+the engine is held to. The load average before and after is printed: on this 2-core machine a
+busy neighbour halves every number, so compare rows of one sitting only.
 """
 
 from __future__ import annotations
