@@ -5,11 +5,11 @@ interpreter that `decode_peers.py --peers-python` runs.
 
 CMake options by the CPU's flags (`cmake_args`): GGML_NATIVE=OFF always (a native build would
 take the build machine's flags as they are; these say which ones ran), then
-- AMX (amx_tile, amx_int8, amx_bf16): AVX-512, VNNI and BF16 and llama.cpp's AMX path, with its
-  source patched first (`llama_cpp_amx_tile_config.patch`): gcc 12 drops the stores that fill
-  the tile configuration on the stack before `ldtilecfg` (palette 1 is kept, every tile's rows
-  and columns stay 0), so the first tile instruction raises SIGILL; the patch builds the
-  configuration once in read-only memory.
+- AMX (amx_tile, amx_int8, amx_bf16, with AVX-512 VNNI): AVX-512, VNNI and BF16 and llama.cpp's
+  AMX path, its source patched first (`llama_cpp_amx_tile_config.patch`): gcc 12 drops the
+  stores that fill the tile configuration on the stack before `ldtilecfg` (palette 1 is kept,
+  every tile's rows and columns stay 0), so the first tile instruction raises SIGILL; the patch
+  builds the configuration once in read-only memory.
 - AVX-512 (avx512f, avx512bw, avx512vl; with VNNI and BF16 where the CPU has them): those,
   explicitly, AMX off.
 - otherwise nothing more: with GGML_NATIVE=OFF llama.cpp turns AVX, AVX2, FMA, F16C and BMI2 on
@@ -77,27 +77,27 @@ def missing_from_build(system_info: str, flags: frozenset[str]) -> list[str]:
     return [name for name in wanted if name not in on]
 
 
+def _run(what: str, command: list[str], **kwargs) -> None:
+    """Runs `command`; a failure ends the script in one line (its own output is above it)."""
+    try:
+        subprocess.run(command, check=True, **kwargs)
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"llama_cpp_build.py: {what} failed ({e}); nothing was installed")
+
+
 def build(python: str, flags: frozenset[str]) -> None:
     """pip-installs llama-cpp-python[server]==VERSION into `python`, built by `cmake_args`."""
     with tempfile.TemporaryDirectory(prefix="llama-cpp-build-") as tmp:
         pip = [python, "-m", "pip"]
-        subprocess.run(
-            [*pip, "download", "--no-deps", "--no-binary", ":all:", "-d", tmp,
-             f"llama-cpp-python=={VERSION}"],
-            check=True,
-        )
-        sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-        with tarfile.open(sdist) as archive:
+        sdist = [*pip, "download", "--no-deps", "--no-binary", ":all:", "-d", tmp]
+        _run("downloading the sdist", [*sdist, f"llama-cpp-python=={VERSION}"])
+        with tarfile.open(next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))) as archive:
             archive.extractall(tmp, filter="data")
         source = Path(tmp) / f"llama_cpp_python-{VERSION}"
         if has_amx(flags):
-            subprocess.run(["patch", "-p1", "-i", str(PATCH)], cwd=source, check=True)
+            _run("patching its AMX path", ["patch", "-p1", "-i", str(PATCH)], cwd=source)
         env = {**os.environ, "CMAKE_ARGS": " ".join(cmake_args(flags))}
-        subprocess.run(
-            [*pip, "install", "--no-cache-dir", f"{source}[server]"],
-            env=env,
-            check=True,
-        )
+        _run("building it", [*pip, "install", "--no-cache-dir", f"{source}[server]"], env=env)
 
 
 def main() -> None:
