@@ -222,9 +222,10 @@ def main() -> None:
         "(llmbench bfloat16 rounds them to bfloat16)"
     )
     builds = {getattr(row, "build", None) for row in rows.values()} - {None}
+    llama_cpp_builds = {row.build for name, row in rows.items() if name in LLAMA_CPP}
     for build in sorted(builds):
         print(f"peer build: {build}")
-        if build.startswith("CPU :"):  # llama.cpp's system info
+        if build in llama_cpp_builds:
             missing = llama_cpp_build.missing_from_build(build, this_cpu_flags())
             if missing:
                 print(
